@@ -1,0 +1,79 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable
+from typing import ClassVar as _ClassVar, Optional as _Optional
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ProposeRequest(_message.Message):
+    __slots__ = ("target_id", "session_id", "seq", "tokens", "gamma", "temperature", "top_p", "top_k", "seed", "release", "verify_seconds", "rtt_seconds")
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GAMMA_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RTT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    target_id: str
+    session_id: int
+    seq: int
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    gamma: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    release: bool
+    verify_seconds: float
+    rtt_seconds: float
+    def __init__(self, target_id: _Optional[str] = ..., session_id: _Optional[int] = ..., seq: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., gamma: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., release: _Optional[bool] = ..., verify_seconds: _Optional[float] = ..., rtt_seconds: _Optional[float] = ...) -> None: ...
+
+class ProposeResponse(_message.Message):
+    __slots__ = ("target_id", "session_id", "seq", "token_ids", "q_ids", "q_probs", "top_k", "service_seconds", "error_code", "error_message")
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    Q_IDS_FIELD_NUMBER: _ClassVar[int]
+    Q_PROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    target_id: str
+    session_id: int
+    seq: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    q_ids: _containers.RepeatedScalarFieldContainer[int]
+    q_probs: _containers.RepeatedScalarFieldContainer[float]
+    top_k: int
+    service_seconds: float
+    error_code: int
+    error_message: str
+    def __init__(self, target_id: _Optional[str] = ..., session_id: _Optional[int] = ..., seq: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., q_ids: _Optional[_Iterable[int]] = ..., q_probs: _Optional[_Iterable[float]] = ..., top_k: _Optional[int] = ..., service_seconds: _Optional[float] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class InfoResponse(_message.Message):
+    __slots__ = ("model_name", "vocab_size", "vocab_fingerprint", "max_context", "max_gamma", "max_sessions")
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    MAX_GAMMA_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    model_name: str
+    vocab_size: int
+    vocab_fingerprint: str
+    max_context: int
+    max_gamma: int
+    max_sessions: int
+    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., vocab_fingerprint: _Optional[str] = ..., max_context: _Optional[int] = ..., max_gamma: _Optional[int] = ..., max_sessions: _Optional[int] = ...) -> None: ...
