@@ -16,11 +16,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "draft": ("starsd.commands.draft", "serve the draft model over gRPC"),
     "target": ("starsd.commands.target", "serve a target model over HTTP, verifying the draft's proposals"),
     "local": ("starsd.commands.local", "run one draft and N targets on this machine"),
-    "demo": ("starsd.commands.demo", "the main job on the embedded default: a local star, a workload, a summary"),
+    "demo": (
+        "starsd.commands.demo",
+        "the main job on the embedded default: a local star, a workload, a summary",
+    ),
     "plan": ("starsd.commands.plan", "the system model: regime, utilisation, throughput and N* over N"),
     "bench": ("starsd.commands.bench", "benchmarks (`starsd bench star`)"),
     "operator": ("starsd.commands.operator", "run the Kubernetes operator with the current kubeconfig"),
-    "models": ("starsd.commands.models", "create tiny model pairs (random, for tests) or train the shipped pair"),
+    "models": (
+        "starsd.commands.models",
+        "create tiny model pairs (random, for tests) or train the shipped pair",
+    ),
 }
 
 

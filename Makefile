@@ -1,0 +1,66 @@
+# StarSD entry points. `make help` lists them.
+SHELL := bash
+.DEFAULT_GOAL := help
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+UV_VERSION := 0.13.9
+
+.PHONY: help install demo test unit e2e soak bench lint format proto models images cluster-up cluster-down clean
+
+help: ## list the targets
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
+
+install: $(STAMP) ## create .venv/ with everything (.venv/bin/starsd is the CLI)
+
+$(STAMP): pyproject.toml requirements.lock
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
+	@echo "installing the locked dependencies into $(VENV)/ (torch is large: the first install takes a few minutes)"
+	$(BIN)/uv pip install --python $(BIN)/python -r requirements.lock
+	$(BIN)/uv pip install --python $(BIN)/python --no-deps -e .
+	@touch $(STAMP)
+
+demo: install ## the main job: a local star (1 draft, 4 targets) on the shipped models, a workload, a summary
+	$(BIN)/starsd demo
+
+test: install ## the whole test suite: unit, integration (real servers on loopback) and e2e (real control plane)
+	$(BIN)/pytest tests e2e
+
+unit: install ## the tests that need no Kubernetes control plane
+	$(BIN)/pytest tests
+
+e2e: install ## end-to-end tests against a real kube-apiserver (built from Go modules on first use)
+	$(BIN)/pytest e2e
+
+soak: install ## long reliability runs
+	STARSD_SOAK=1 $(BIN)/pytest tests -m slow
+
+bench: install ## the star benchmark (JSON and PNG under bench/results/)
+	@mkdir -p bench/results
+	$(BIN)/starsd bench star --json bench/results/star.json --plot bench/results/star.png
+
+lint: install ## ruff, the formatter check and mypy
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy starsd operator/starsd_operator
+
+format: install ## apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+proto: install ## regenerate the gRPC stubs from starsd/proto/starsd.proto
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. starsd/proto/starsd.proto
+
+models: install ## train the shipped tokenizer and model pair into models/ (deterministic, CPU)
+	$(BIN)/starsd models train --out models
+
+cluster-up: ## start a local Kubernetes control plane (kubeconfig in .cluster/kubeconfig)
+	bash e2e/cluster/cluster.sh up
+
+cluster-down: ## stop it and remove its state
+	bash e2e/cluster/cluster.sh down
+
+clean: ## remove caches and build outputs (not .venv)
+	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info bench/results

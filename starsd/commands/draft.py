@@ -1,0 +1,97 @@
+"""``starsd draft``: serve the draft model over gRPC."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from starsd.commands._common import fail
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, help="local Hugging Face checkpoint of the draft model")
+    parser.add_argument(
+        "--port", type=int, default=50051, help="gRPC port (default 50051; 0 picks a free one)"
+    )
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9090,
+        help="HTTP port for /v1/load, /metrics, /healthz (default 9090)",
+    )
+    parser.add_argument(
+        "--max-batch", type=int, default=1, help="requests drafted together per step (default 1)"
+    )
+    parser.add_argument(
+        "--schedule",
+        choices=("fifo", "fair"),
+        default="fifo",
+        help="order of waiting requests (default fifo)",
+    )
+    parser.add_argument("--max-sessions", type=int, default=1024, help="sessions held at once (default 1024)")
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=300.0,
+        help="seconds before an idle session is freed (default 300)",
+    )
+    parser.add_argument("--max-gamma", type=int, default=16, help="largest gamma accepted (default 16)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: $STARSD_TORCH_THREADS or 1)"
+    )
+    parser.add_argument("--tls-cert", type=Path, help="PEM certificate: serve gRPC over TLS (with --tls-key)")
+    parser.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
+    emu = parser.add_argument_group("emulation (benchmarks: no model, a fixed service time)")
+    emu.add_argument(
+        "--emulate-service-time",
+        type=float,
+        metavar="SECONDS",
+        help="emulate a draft accelerator instead of --model",
+    )
+    emu.add_argument("--batch-curve", help='emulated batch times, e.g. "1:0.004,8:0.006" (with --max-batch)')
+    emu.add_argument("--vocab-size", type=int, default=32000, help="vocabulary of the emulated draft")
+
+
+def run(args: argparse.Namespace) -> int:
+    from starsd.draft.core import DraftConfig
+    from starsd.draft.proposers import EmulatedProposer, ModelProposer, Proposer, parse_batch_curve
+    from starsd.draft.server import DraftServer, DraftServerOptions, serve_forever
+    from starsd.runners import ModelLoadError, load_checkpoint, set_threads
+
+    if (args.model is None) == (args.emulate_service_time is None):
+        return fail("give exactly one of --model PATH or --emulate-service-time SECONDS")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        return fail("--tls-cert and --tls-key go together")
+    if args.max_batch < 1 or args.max_gamma < 1 or args.max_sessions < 1:
+        return fail("--max-batch, --max-gamma and --max-sessions must be >= 1")
+    proposer: Proposer
+    try:
+        if args.model is not None:
+            set_threads(args.threads)
+            proposer = ModelProposer(load_checkpoint(args.model))
+        else:
+            curve = parse_batch_curve(args.batch_curve) if args.batch_curve else None
+            proposer = EmulatedProposer(args.emulate_service_time, args.vocab_size, curve)
+    except (ModelLoadError, ValueError) as exc:
+        return fail(str(exc))
+    config = DraftConfig(
+        max_gamma=args.max_gamma,
+        max_sessions=args.max_sessions,
+        idle_timeout=args.idle_timeout,
+        max_batch=args.max_batch,
+        schedule=args.schedule,
+    )
+    options = DraftServerOptions(
+        host=args.host,
+        port=args.port,
+        metrics_port=args.metrics_port,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+    )
+    try:
+        asyncio.run(serve_forever(DraftServer(proposer, config, options)))
+    except OSError as exc:
+        return fail(str(exc))
+    return 0

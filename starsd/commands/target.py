@@ -1,0 +1,141 @@
+"""``starsd target``: serve a target model over HTTP (OpenAI API), verifying the shared draft's proposals."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import socket
+from pathlib import Path
+
+from starsd.commands._common import fail
+
+log = logging.getLogger("starsd.target")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", type=Path, required=True, help="local Hugging Face checkpoint of the target"
+    )
+    parser.add_argument(
+        "--draft", default="", metavar="HOST:PORT", help="the draft server; empty: decode alone (target-only)"
+    )
+    parser.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    parser.add_argument("--gamma", type=int, default=4, help="tokens drafted per round, 1..16 (default 4)")
+    parser.add_argument(
+        "--id", default=socket.gethostname(), help="this target's id on the draft (default: hostname)"
+    )
+    parser.add_argument(
+        "--served-model-name", help="the model name clients send (default: the checkpoint's name)"
+    )
+    parser.add_argument(
+        "--draft-timeout",
+        type=float,
+        default=2.0,
+        help="seconds a round waits for the draft before decoding alone",
+    )
+    parser.add_argument(
+        "--draft-check-timeout",
+        type=float,
+        default=5.0,
+        help="seconds to wait for the draft's vocabulary check",
+    )
+    parser.add_argument("--max-concurrency", type=int, default=64, help="completions at once; more get 429")
+    parser.add_argument("--max-tokens-cap", type=int, default=4096, help="largest max_tokens accepted")
+    parser.add_argument(
+        "--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)"
+    )
+    parser.add_argument("--top-k", type=int, default=8, help="support of sampled proposals (default 8)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: $STARSD_TORCH_THREADS or 1)"
+    )
+    parser.add_argument("--draft-tls-ca", type=Path, help="PEM CA bundle: reach the draft over TLS")
+
+
+def run(args: argparse.Namespace) -> int:
+    from starsd.runners import ModelLoadError, load_checkpoint, set_threads
+
+    if not 1 <= args.gamma <= 16:
+        return fail(f"--gamma must be in 1..16, got {args.gamma}")
+    if args.max_concurrency < 1 or args.max_tokens_cap < 1:
+        return fail("--max-concurrency and --max-tokens-cap must be >= 1")
+    set_threads(args.threads)
+    try:
+        loaded = load_checkpoint(args.model)
+    except ModelLoadError as exc:
+        return fail(str(exc))
+    try:
+        return asyncio.run(_serve(args, loaded))
+    except OSError as exc:
+        return fail(f"cannot serve on {args.host}:{args.port}: {exc}")
+
+
+async def _serve(args: argparse.Namespace, loaded: object) -> int:
+    import grpc
+    from aiohttp import web
+
+    from starsd.runners import LoadedModel
+    from starsd.target.draft_client import (
+        DraftClient,
+        DraftClientOptions,
+        VocabularyMismatch,
+        check_draft_info,
+    )
+    from starsd.target.engine import TargetEngine
+    from starsd.target.server import TargetApp, TargetServerOptions
+
+    assert isinstance(loaded, LoadedModel)
+    client = None
+    if args.draft:
+        options = DraftClientOptions(deadline=args.draft_timeout, top_k=args.top_k, tls_ca=args.draft_tls_ca)
+        client = DraftClient(args.draft, args.id, loaded.fingerprint, loaded.vocab_size, options)
+        try:
+            check_draft_info(
+                await client.fetch_info(args.draft_check_timeout), loaded.fingerprint, loaded.vocab_size
+            )
+        except VocabularyMismatch as exc:
+            return fail(str(exc))
+        except grpc.aio.AioRpcError as exc:
+            log.warning(
+                "the draft at %s is not reachable yet (%s): decoding alone until it is",
+                args.draft,
+                exc.code().name,
+            )
+        client.start()
+    engine = TargetEngine(loaded, client, gamma=args.gamma)
+    app = TargetApp(
+        engine,
+        TargetServerOptions(
+            target_id=args.id,
+            served_model=args.served_model_name or loaded.name,
+            max_concurrency=args.max_concurrency,
+            max_body_bytes=args.max_body_bytes,
+            max_tokens_cap=args.max_tokens_cap,
+        ),
+    )
+    runner = web.AppRunner(app.build(), access_log=None, shutdown_timeout=30.0)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    await site.start()
+    log.info(
+        "target %r serving model %r on http://%s:%d (draft %s, gamma %d)",
+        args.id,
+        app.options.served_model,
+        args.host,
+        args.port,
+        args.draft or "none",
+        args.gamma,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("target %r shutting down: finishing in-flight completions", args.id)
+    await runner.cleanup()
+    if client:
+        await client.stop()
+    engine.close()
+    return 0

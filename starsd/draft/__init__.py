@@ -1,0 +1,1 @@
+"""The draft server: one small model proposing tokens for many targets (the centre of the star)."""

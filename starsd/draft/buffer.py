@@ -1,0 +1,77 @@
+"""The draft's global request buffer, shared by every target's stream and drained by the compute thread.
+
+Policies:
+* ``fifo``: arrival order, as in the StarSD paper.
+* ``fair``: round-robin over targets (optionally weighted), so that a target with many sessions cannot crowd
+  out targets with few: each pass gives every waiting target up to ``weight`` requests in turn.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, deque
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+POLICIES = ("fifo", "fair")
+
+
+class RequestBuffer(Generic[T]):
+    """Thread-safe: the event loop puts, the compute thread takes (blocking) up to a batch at a time."""
+
+    def __init__(self, policy: str = "fifo", weights: dict[str, int] | None = None) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown schedule {policy!r}: choose one of {', '.join(POLICIES)}")
+        self.policy = policy
+        self.weights = weights or {}
+        self._cond = threading.Condition()
+        self._queues: OrderedDict[str, deque[T]] = OrderedDict()  # per target, in round-robin order
+        self._fifo: deque[T] = deque()
+        self._credit: dict[str, int] = {}
+        self._size = 0
+        self._closed = False
+
+    def __len__(self) -> int:
+        return self._size
+
+    def put(self, target_id: str, item: T) -> None:
+        with self._cond:
+            if self.policy == "fifo":
+                self._fifo.append(item)
+            else:
+                self._queues.setdefault(target_id, deque()).append(item)
+            self._size += 1
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def take(self, max_items: int, timeout: float | None = None) -> list[T]:
+        """Block until something waits (or timeout/close), then take up to ``max_items`` by the policy."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._size > 0 or self._closed, timeout=timeout):
+                return []
+            items: list[T] = []
+            while self._size and len(items) < max_items:
+                items.append(self._pop())
+            return items
+
+    def _pop(self) -> T:
+        self._size -= 1
+        if self.policy == "fifo":
+            return self._fifo.popleft()
+        target, queue = next(iter(self._queues.items()))
+        item = queue.popleft()
+        credit = self._credit.get(target, self.weights.get(target, 1)) - 1
+        if not queue:
+            del self._queues[target]
+            self._credit.pop(target, None)
+        elif credit <= 0:
+            self._queues.move_to_end(target)  # its turn is over: to the back of the round
+            self._credit.pop(target, None)
+        else:
+            self._credit[target] = credit
+        return item

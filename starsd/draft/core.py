@@ -1,0 +1,260 @@
+"""The draft server's logic, free of gRPC: admit requests, schedule them, compute, answer.
+
+The event loop validates each request and puts it in the global request buffer; one compute thread drains
+the buffer back to back (work-conserving: it never waits for the event loop between requests) and hands
+each answer to its stream's outgoing queue, so sending never blocks drafting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+import grpc
+
+from starsd.draft.buffer import RequestBuffer
+from starsd.draft.load import LoadTracker
+from starsd.draft.metrics import DraftMetrics
+from starsd.draft.proposers import ProposalRequest, Proposer
+from starsd.draft.sessions import Session, SessionError, SessionStore
+from starsd.proto import starsd_pb2 as pb
+from starsd.runners import Proposal
+from starsd.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TOP_K = 8
+MAX_TOP_K = 64
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    max_gamma: int = 16
+    max_sessions: int = 1024
+    idle_timeout: float = 300.0  # seconds without a request before a session is freed
+    max_batch: int = 1  # requests drafted together in one step
+    schedule: str = "fifo"  # fifo | fair
+    load_window: float = 10.0
+
+
+@dataclass(eq=False)
+class Stream:
+    """One target's connection: its outgoing queue is that target's return path."""
+
+    loop: asyncio.AbstractEventLoop
+    outgoing: asyncio.Queue[pb.ProposeResponse | None] = field(default_factory=asyncio.Queue)
+    target_id: str = ""
+    pending: int = 0  # requests queued or computing
+    closing: bool = False
+
+    def send(self, response: pb.ProposeResponse) -> None:
+        self.outgoing.put_nowait(response)
+
+
+@dataclass(eq=False)
+class Work:
+    stream: Stream
+    session: Session
+    request: pb.ProposeRequest
+    params: SamplingParams
+    top_k: int
+    enqueued: float
+
+
+class StreamAborted(Exception):
+    """The stream itself is malformed (no target id, or it changed): the whole RPC ends."""
+
+
+def validate_request(req: pb.ProposeRequest, vocab_size: int, max_gamma: int, max_context: int) -> None:
+    """Reject a malformed request with INVALID_ARGUMENT and a message that names the field."""
+
+    def bad(message: str) -> SessionError:
+        return SessionError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+    if req.session_id == 0:
+        raise bad("session_id must be > 0")
+    if req.seq < 1:
+        raise bad("seq must start at 1")
+    if req.release:
+        return
+    if not 1 <= req.gamma <= max_gamma:
+        raise bad(f"gamma must be in 1..{max_gamma}, got {req.gamma}")
+    if req.seq == 1 and not req.tokens:
+        raise bad("the first request of a session (seq 1) must carry its prompt tokens")
+    if len(req.tokens) > max_context:
+        raise bad(f"{len(req.tokens)} tokens exceed the draft's context of {max_context}")
+    bad_ids = [t for t in req.tokens if not 0 <= t < vocab_size]
+    if bad_ids:
+        raise bad(f"token ids out of range 0..{vocab_size - 1}: {bad_ids[:5]}")
+    if not math.isfinite(req.temperature) or req.temperature < 0:
+        raise bad(f"temperature must be a finite number >= 0, got {req.temperature}")
+    if not math.isfinite(req.top_p) or not 0 <= req.top_p <= 1:
+        raise bad(f"top_p must be in (0, 1], got {req.top_p}")
+    if req.top_k > MAX_TOP_K:
+        raise bad(f"top_k must be at most {MAX_TOP_K}, got {req.top_k}")
+    for name in ("verify_seconds", "rtt_seconds"):
+        value = getattr(req, name)
+        if not math.isfinite(value) or value < 0:
+            raise bad(f"{name} must be a finite number >= 0")
+
+
+class DraftCore:
+    """Sessions, the request buffer, the compute thread and the load measurements of one draft."""
+
+    def __init__(self, proposer: Proposer, config: DraftConfig, metrics: DraftMetrics | None = None) -> None:
+        self.proposer = proposer
+        self.config = config
+        self.metrics = metrics or DraftMetrics()
+        self.sessions = SessionStore(config.max_sessions, config.idle_timeout)
+        self.buffer: RequestBuffer[Work] = RequestBuffer(config.schedule)
+        self.load = LoadTracker(config.load_window)
+        self.streams: set[Stream] = set()
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._compute_loop, name="draft-compute", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.buffer.close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    # --- streams (event loop) ------------------------------------------------------------------------
+
+    def open_stream(self, loop: asyncio.AbstractEventLoop) -> Stream:
+        stream = Stream(loop=loop)
+        self.streams.add(stream)
+        self.metrics.targets.set(len(self.streams))
+        return stream
+
+    def close_stream(self, stream: Stream) -> None:
+        self.streams.discard(stream)
+        freed = self.sessions.release_owner(stream)
+        self.metrics.targets.set(len(self.streams))
+        self.metrics.sessions.set(len(self.sessions))
+        if freed:
+            log.info("target %r disconnected: freed %d sessions", stream.target_id or "?", freed)
+
+    def submit(self, stream: Stream, req: pb.ProposeRequest) -> None:
+        """Admit one request from a stream: queue it for drafting, or answer its error at once."""
+        if not req.target_id:
+            raise StreamAborted("target_id is required on every message")
+        if stream.target_id and req.target_id != stream.target_id:
+            raise StreamAborted(
+                f"target_id changed on one stream ({stream.target_id!r} -> {req.target_id!r})"
+            )
+        stream.target_id = req.target_id
+        key = (req.target_id, int(req.session_id))
+        try:
+            info = self.proposer.info
+            validate_request(req, info.vocab_size, self.config.max_gamma, info.max_context)
+            if req.release:
+                if self.sessions.release(key):
+                    self.load.forget(key)
+                self.metrics.sessions.set(len(self.sessions))
+                return
+            params = SamplingParams(temperature=req.temperature, top_p=req.top_p or 1.0)
+            seed = int(req.seed) if req.seed else None
+            session = self.sessions.admit(key, int(req.seq), stream, lambda: self.proposer.new_state(seed))
+        except SessionError as err:
+            self.metrics.errors.labels(code=err.code.name).inc()
+            stream.send(_error_response(req, err))
+            return
+        transfer = None
+        if req.rtt_seconds > 0 and session.last_draft_seconds > 0:
+            transfer = max(0.0, (req.rtt_seconds - session.last_draft_seconds) / 2)
+        self.load.record_request(key, req.verify_seconds, transfer)
+        session.busy = True
+        stream.pending += 1
+        self.metrics.sessions.set(len(self.sessions))
+        work = Work(stream, session, req, params, req.top_k or DEFAULT_TOP_K, time.perf_counter())
+        self.buffer.put(req.target_id, work)
+        self.metrics.queue_depth.set(len(self.buffer))
+
+    def sweep(self) -> int:
+        freed = self.sessions.sweep()
+        self.metrics.sessions.set(len(self.sessions))
+        return freed
+
+    # --- compute (its own thread) --------------------------------------------------------------------
+
+    def _compute_loop(self) -> None:
+        while not self._stopping.is_set():
+            batch = self.buffer.take(self.config.max_batch, timeout=0.5)
+            if batch:
+                self._compute(batch)
+
+    def _compute(self, batch: list[Work]) -> None:
+        start = time.perf_counter()
+        requests = [
+            ProposalRequest(w.session.state, list(w.request.tokens), int(w.request.gamma), w.params, w.top_k)
+            for w in batch
+        ]
+        try:
+            proposals: list[Proposal | Exception] = list(self.proposer.propose_batch(requests))
+        except Exception as exc:  # a failing batch must not stop the draft: answer each request's error
+            log.exception("drafting failed for a batch of %d", len(batch))
+            proposals = [exc] * len(batch)
+        end = time.perf_counter()
+        self.load.record_service(start, end, len(batch))
+        self.metrics.busy_seconds.inc(end - start)
+        self.metrics.batch_size.observe(len(batch))
+        per_request = (end - start) / len(batch)
+        for work, proposal in zip(batch, proposals, strict=True):
+            if isinstance(proposal, Exception):
+                err = SessionError(grpc.StatusCode.INTERNAL, f"drafting failed: {proposal}")
+                response = _error_response(work.request, err)
+            else:
+                response = _proposal_response(work.request, proposal, per_request)
+                self.metrics.draft_tokens.inc(len(proposal.token_ids))
+            self.metrics.requests.inc()
+            self.metrics.service_seconds.observe(per_request)
+            work.session.last_draft_seconds = end - work.enqueued
+            work.stream.loop.call_soon_threadsafe(self._deliver, work, response)
+
+    def _deliver(self, work: Work, response: pb.ProposeResponse) -> None:
+        """Back on the event loop: hand the answer to the target's outgoing queue."""
+        work.session.busy = False
+        stream = work.stream
+        stream.pending -= 1
+        self.metrics.queue_depth.set(len(self.buffer))
+        stream.send(response)
+        if stream.closing and stream.pending == 0:
+            stream.outgoing.put_nowait(None)
+
+
+def _error_response(req: pb.ProposeRequest, err: SessionError) -> pb.ProposeResponse:
+    return pb.ProposeResponse(
+        target_id=req.target_id,
+        session_id=req.session_id,
+        seq=req.seq,
+        error_code=err.code.value[0],
+        error_message=err.message,
+    )
+
+
+def _proposal_response(req: pb.ProposeRequest, proposal: Proposal, service: float) -> pb.ProposeResponse:
+    response = pb.ProposeResponse(
+        target_id=req.target_id,
+        session_id=req.session_id,
+        seq=req.seq,
+        token_ids=proposal.token_ids,
+        service_seconds=service,
+    )
+    if proposal.q_ids:
+        k = max(len(ids) for ids in proposal.q_ids)
+        response.top_k = k
+        for ids, probs in zip(proposal.q_ids, proposal.q_probs, strict=True):
+            pad = k - len(ids)
+            response.q_ids.extend([*ids, *([-1] * pad)])
+            response.q_probs.extend([*probs, *([0.0] * pad)])
+    return response

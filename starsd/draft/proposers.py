@@ -1,0 +1,118 @@
+"""What the draft server runs per request: a real model, or an emulated accelerator for benchmarks."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from starsd.runners import DraftRunner, LoadedModel, Proposal
+from starsd.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class ProposalRequest:
+    """One request's work, as the compute thread sees it."""
+
+    state: Any  # the proposer's per-session state
+    new_tokens: list[int]
+    gamma: int
+    params: SamplingParams
+    top_k: int
+
+
+@dataclass(frozen=True)
+class ProposerInfo:
+    model_name: str
+    vocab_size: int
+    vocab_fingerprint: str
+    max_context: int
+
+
+class Proposer(Protocol):
+    info: ProposerInfo
+
+    def new_state(self, seed: int | None) -> Any: ...
+
+    def propose_batch(self, batch: list[ProposalRequest]) -> list[Proposal]: ...
+
+
+class ModelProposer:
+    """Proposals from a real draft checkpoint (one forward pass per token, per session)."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.runner = DraftRunner(loaded)
+        self.info = ProposerInfo(loaded.name, loaded.vocab_size, loaded.fingerprint, loaded.max_context)
+
+    def new_state(self, seed: int | None) -> Any:
+        return self.runner.new_state(seed)
+
+    def propose_batch(self, batch: list[ProposalRequest]) -> list[Proposal]:
+        return [self.runner.propose(r.state, r.new_tokens, r.gamma, r.params, r.top_k) for r in batch]
+
+
+def parse_batch_curve(text: str) -> dict[int, float]:
+    """Parse ``"1:0.004,8:0.006"`` (batch size: seconds) into a service-time curve."""
+    curve: dict[int, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        size, _, seconds = part.partition(":")
+        try:
+            b, s = int(size), float(seconds)
+        except ValueError:
+            raise ValueError(
+                f"bad batch-curve entry {part!r}: expected BATCH:SECONDS, e.g. 8:0.006"
+            ) from None
+        if b < 1 or s < 0:
+            raise ValueError(f"bad batch-curve entry {part!r}: batch >= 1 and seconds >= 0")
+        curve[b] = s
+    if 1 not in curve:
+        raise ValueError("a batch curve needs the one-request time (an entry 1:SECONDS)")
+    return curve
+
+
+def curve_time(curve: dict[int, float], batch: int) -> float:
+    """Service time of a batch, interpolating linearly between measured sizes (flat beyond the last)."""
+    sizes = sorted(curve)
+    if batch <= sizes[0]:
+        return curve[sizes[0]]
+    for lo, hi in itertools.pairwise(sizes):
+        if batch <= hi:
+            return curve[lo] + (curve[hi] - curve[lo]) * (batch - lo) / (hi - lo)
+    last = sizes[-1]
+    prev = sizes[-2] if len(sizes) > 1 else None
+    if prev is None:
+        return curve[last] * batch / last  # one point: assume linear growth beyond it
+    slope = (curve[last] - curve[prev]) / (last - prev)
+    return curve[last] + slope * (batch - last)
+
+
+class EmulatedProposer:
+    """Emulates a draft accelerator: holds for the service time (releasing the GIL, as kernels do).
+
+    Proposes token id ``i % vocab_size`` at position i: emulated targets draw acceptance themselves.
+    """
+
+    def __init__(
+        self, service_time: float, vocab_size: int = 32000, batch_curve: dict[int, float] | None = None
+    ):
+        if service_time < 0:
+            raise ValueError("the emulated service time must be >= 0")
+        self.curve = batch_curve or {1: service_time}
+        self.info = ProposerInfo("emulated", vocab_size, "emulated", 1 << 20)
+
+    def new_state(self, seed: int | None) -> Any:
+        return None
+
+    def propose_batch(self, batch: list[ProposalRequest]) -> list[Proposal]:
+        _hold(curve_time(self.curve, len(batch)))
+        return [Proposal(token_ids=[i % self.info.vocab_size for i in range(r.gamma)]) for r in batch]
+
+
+def _hold(seconds: float) -> None:
+    """Sleep precisely: coarse sleep (GIL released), then a short final spin on the clock."""
+    end = time.perf_counter() + seconds
+    if seconds > 0.0003:
+        time.sleep(seconds - 0.0002)
+    while time.perf_counter() < end:
+        time.sleep(0)

@@ -1,0 +1,265 @@
+"""Model runners: load a local Hugging Face checkpoint, keep per-session KV caches, draft and verify.
+
+Both sides keep the same cache invariant, which makes rollback a crop: a session's cache holds the keys and
+values of a prefix of its tokens, and the next forward pass feeds exactly the tokens after that prefix.
+
+* Draft (:class:`DraftRunner`): a request brings the tokens the target committed since the last request. The
+  draft keeps the longest prefix of its cache that agrees with the committed text (its accepted proposals),
+  crops the rest (the rejected ones), feeds the new tokens, then proposes ``gamma`` tokens one by one.
+* Target (:class:`TargetRunner`): one forward pass over ``[uncached committed tokens, d_1..d_gamma]`` scores
+  every draft at once; after the verdict the cache is cropped to the committed tokens minus the last, whose
+  logits the next round needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from starsd.sampling import SamplingParams, logits_to_probs, sample, truncate_top_k
+
+log = logging.getLogger(__name__)
+
+
+class ModelLoadError(RuntimeError):
+    """A checkpoint could not be loaded; the message says what to fix."""
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM and its tokenizer, loaded for inference."""
+
+    model: Any  # transformers.PreTrainedModel
+    tokenizer: Any  # transformers.PreTrainedTokenizerBase
+    name: str
+    vocab_size: int  # rows of the output layer
+    fingerprint: str  # digest of the tokenizer's vocabulary
+    max_context: int
+    eos_token_id: int | None
+
+
+def vocab_fingerprint(tokenizer: Any) -> str:
+    """A stable digest of a tokenizer's vocabulary (token -> id, special tokens): equal iff they agree."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    specials = sorted(str(t) for t in tokenizer.all_special_tokens)
+    payload = json.dumps({"vocab": vocab, "special": specials}, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def set_threads(threads: int | None) -> None:
+    """Bound torch's intra-op threads (several servers often share one machine)."""
+    if threads is None:
+        threads = int(os.environ.get("STARSD_TORCH_THREADS", "1"))
+    torch.set_num_threads(max(1, threads))
+
+
+def load_checkpoint(path: str | Path) -> LoadedModel:
+    """Load a causal LM checkpoint from a local directory, offline (nothing is fetched from a hub)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise ModelLoadError(f"model path {str(root)!r} does not exist or is not a directory")
+    if not (root / "config.json").is_file():
+        raise ModelLoadError(
+            f"model path {str(root)!r} is not a Hugging Face checkpoint: it has no config.json "
+            f"(contents: {sorted(p.name for p in root.iterdir())[:10]})"
+        )
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(root, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(root, local_files_only=True, dtype=torch.float32)
+    except Exception as exc:  # transformers raises many types; the path and cause are what matter
+        raise ModelLoadError(f"cannot load the checkpoint at {str(root)!r}: {exc}") from exc
+    model.eval()
+    config = model.config
+    max_context = int(getattr(config, "max_position_embeddings", 0) or 2048)
+    vocab_size = int(model.get_output_embeddings().weight.shape[0])
+    if len(tokenizer) > vocab_size:
+        raise ModelLoadError(
+            f"checkpoint {str(root)!r}: the tokenizer has {len(tokenizer)} tokens but the model only {vocab_size}"
+        )
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=root.resolve().name,
+        vocab_size=vocab_size,
+        fingerprint=vocab_fingerprint(tokenizer),
+        max_context=max_context,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+
+
+def check_same_vocabulary(draft: LoadedModel, target: LoadedModel) -> None:
+    """Refuse a draft/target pair that does not share one tokenizer."""
+    if draft.fingerprint != target.fingerprint or draft.vocab_size != target.vocab_size:
+        raise ModelLoadError(
+            "the draft and target models do not share a vocabulary "
+            f"(draft {draft.name!r}: {draft.vocab_size} ids, fingerprint {draft.fingerprint}; "
+            f"target {target.name!r}: {target.vocab_size} ids, fingerprint {target.fingerprint}); "
+            "speculative decoding needs the same tokenizer on both sides"
+        )
+
+
+def _new_cache() -> Any:
+    from transformers import DynamicCache
+
+    return DynamicCache()
+
+
+def _forward(model: Any, tokens: list[int], cache: Any) -> torch.Tensor:
+    """Feed ``tokens`` after the cached prefix; returns logits ``[T, V]``."""
+    input_ids = torch.tensor([tokens], dtype=torch.long)  # [1, T]
+    out = model(input_ids=input_ids, past_key_values=cache, use_cache=True)
+    return out.logits[0]  # [T, V]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class Proposal:
+    """What the draft proposes for one request."""
+
+    token_ids: list[int]
+    # Sampled proposals only: for each position, the top-k support and its exact probabilities.
+    q_ids: list[list[int]] = field(default_factory=list)
+    q_probs: list[list[float]] = field(default_factory=list)
+
+
+@dataclass
+class DraftSessionState:
+    """The draft's private state for one target session."""
+
+    committed: list[int] = field(default_factory=list)  # every token the target has committed so far
+    cached: list[int] = field(default_factory=list)  # tokens whose keys/values are in ``cache``
+    cache: Any = None
+    generator: torch.Generator | None = None
+
+
+class DraftRunner:
+    """Proposes tokens for many sessions from one small model (one session at a time)."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+        self._lock = threading.Lock()  # one forward pass at a time on this model
+
+    @property
+    def vocab_size(self) -> int:
+        return self.loaded.vocab_size
+
+    def new_state(self, seed: int | None) -> DraftSessionState:
+        gen = None
+        if seed is not None:
+            gen = torch.Generator().manual_seed(int(seed))
+        return DraftSessionState(cache=_new_cache(), generator=gen)
+
+    def propose(
+        self,
+        state: DraftSessionState,
+        new_tokens: list[int],
+        gamma: int,
+        params: SamplingParams,
+        top_k: int,
+    ) -> Proposal:
+        """Append ``new_tokens`` to the session's committed text and propose up to ``gamma`` tokens."""
+        state.committed.extend(new_tokens)
+        committed = state.committed
+        gamma = max(0, min(gamma, self.loaded.max_context - len(committed)))
+        if gamma == 0 or not committed:
+            return Proposal(token_ids=[])
+        with self._lock, torch.inference_mode():
+            # Keep the cached prefix that agrees with the committed text; at least one token must be fed.
+            keep = min(_common_prefix(state.cached, committed), len(committed) - 1)
+            if keep < len(state.cached):
+                state.cache.crop(keep)
+                del state.cached[keep:]
+            feed = committed[keep:]
+            proposal = Proposal(token_ids=[])
+            for step in range(gamma):
+                logits = _forward(self.loaded.model, feed, state.cache)[-1]  # [V]
+                state.cached.extend(feed)
+                if params.greedy:
+                    d = int(logits.argmax())
+                else:
+                    ids, q = truncate_top_k(logits_to_probs(logits, params), top_k)
+                    d = int(ids[sample(q, state.generator)])
+                    proposal.q_ids.append(ids.tolist())
+                    proposal.q_probs.append(q.tolist())
+                proposal.token_ids.append(d)
+                if step + 1 < gamma:
+                    feed = [d]
+            return proposal
+
+
+@dataclass
+class TargetSession:
+    """The target's state for one completion."""
+
+    committed: list[int]  # prompt + generated tokens
+    cache: Any = None
+    cached_len: int = 0  # committed[:cached_len] have keys/values in the cache
+
+
+class TargetRunner:
+    """Scores drafted tokens with the target model and keeps per-session caches."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+        self._lock = threading.Lock()
+
+    def new_session(self, prompt: list[int]) -> TargetSession:
+        if not prompt:
+            raise ValueError("the prompt must hold at least one token")
+        return TargetSession(committed=list(prompt), cache=_new_cache())
+
+    def score(self, session: TargetSession, drafts: list[int]) -> torch.Tensor:
+        """One forward pass over the uncached committed tokens and the drafts.
+
+        Returns the target's logits ``[gamma + 1, V]`` at the positions that predict ``d_1..d_gamma`` and the
+        token after them.
+        """
+        feed = session.committed[session.cached_len :] + drafts
+        with self._lock, torch.inference_mode():
+            logits = _forward(self.loaded.model, feed, session.cache)  # [T, V]
+        return logits[-(len(drafts) + 1) :]
+
+    def commit(self, session: TargetSession, accepted: int, tokens: list[int]) -> None:
+        """Record a verdict: crop the rejected drafts from the cache, append the committed tokens."""
+        # The cache now holds committed + all drafts; keep committed + the accepted drafts.
+        keep = len(session.committed) + accepted
+        with self._lock:
+            session.cache.crop(keep)
+        session.cached_len = keep
+        session.committed.extend(tokens)
+
+    def probs(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+        return logits_to_probs(logits, params)
+
+
+def autoregressive_reference(loaded: LoadedModel, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Greedy decoding with the target alone through ``transformers``' own ``generate`` (tests' oracle)."""
+    with torch.inference_mode():
+        out = loaded.model.generate(
+            torch.tensor([prompt], dtype=torch.long),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=loaded.eos_token_id,
+            pad_token_id=loaded.eos_token_id if loaded.eos_token_id is not None else 0,
+        )
+    return [int(t) for t in out[0, len(prompt) :]]

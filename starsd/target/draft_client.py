@@ -1,0 +1,261 @@
+"""The target's side of the star: one long-lived stream to the draft, with reconnection and deadlines.
+
+The client never makes a completion wait for the draft longer than its deadline: when the draft is down,
+slow, or answers with an error, :meth:`DraftLink.propose` returns ``None`` and the caller decodes the round
+on its own (a fallback token). A reconnect loop with capped exponential backoff brings the draft back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from starsd.proto import starsd_pb2 as pb
+from starsd.proto import starsd_pb2_grpc as pb_grpc
+from starsd.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class VocabularyMismatch(RuntimeError):
+    """The draft serves another vocabulary: its proposals would be meaningless to this target."""
+
+
+@dataclass(frozen=True)
+class DraftClientOptions:
+    deadline: float = 2.0  # seconds a round waits for the draft before decoding alone
+    connect_timeout: float = 5.0
+    backoff_initial: float = 0.1
+    backoff_max: float = 2.0
+    cooldown_rounds: int = 8  # rounds decoded alone after a missed deadline before asking again
+    top_k: int = 8  # support of sampled proposals
+    tls_ca: Path | None = None  # PEM CA bundle: talk TLS to the draft
+
+
+def check_draft_info(info: pb.InfoResponse, fingerprint: str, vocab_size: int) -> None:
+    if info.vocab_fingerprint != fingerprint or info.vocab_size != vocab_size:
+        raise VocabularyMismatch(
+            f"the draft model {info.model_name!r} does not share this target's vocabulary "
+            f"(draft: {info.vocab_size} ids, fingerprint {info.vocab_fingerprint}; "
+            f"target: {vocab_size} ids, fingerprint {fingerprint}); use a draft trained with the same tokenizer"
+        )
+
+
+class DraftClient:
+    def __init__(
+        self, address: str, target_id: str, fingerprint: str, vocab_size: int, options: DraftClientOptions
+    ) -> None:
+        self.address = address
+        self.target_id = target_id
+        self.fingerprint = fingerprint
+        self.vocab_size = vocab_size
+        self.options = options
+        self.connected = False
+        self.generation = 0  # bumped on every new stream: sessions of an older one are gone on the draft
+        self.last_error = ""
+        self._queue: asyncio.Queue[pb.ProposeRequest | None] = asyncio.Queue()
+        self._pending: dict[tuple[int, int], asyncio.Future[pb.ProposeResponse | None]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._session_ids = itertools.count(int.from_bytes(os.urandom(4), "big") << 20 | 1)
+        self._connected_event = asyncio.Event()
+
+    def _channel(self) -> grpc.aio.Channel:
+        options = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
+        if self.options.tls_ca:
+            creds = grpc.ssl_channel_credentials(root_certificates=self.options.tls_ca.read_bytes())
+            return grpc.aio.secure_channel(self.address, creds, options=options)
+        return grpc.aio.insecure_channel(self.address, options=options)
+
+    async def fetch_info(self, timeout: float) -> pb.InfoResponse:
+        async with self._channel() as channel:
+            return await pb_grpc.DraftStub(channel).Info(pb.InfoRequest(), timeout=timeout)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="draft-client")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def wait_connected(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._connected_event.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def new_session_id(self) -> int:
+        return next(self._session_ids)
+
+    async def _run(self) -> None:
+        backoff = self.options.backoff_initial
+        while True:
+            channel = self._channel()
+            try:
+                stub = pb_grpc.DraftStub(channel)
+                info = await stub.Info(pb.InfoRequest(), timeout=self.options.connect_timeout)
+                check_draft_info(info, self.fingerprint, self.vocab_size)
+                self._queue = asyncio.Queue()
+                call = stub.Propose(self._requests(self._queue))
+                self.generation += 1
+                self.connected = True
+                self._connected_event.set()
+                backoff = self.options.backoff_initial
+                log.info("connected to the draft %r at %s", info.model_name, self.address)
+                async for response in call:
+                    future = self._pending.pop((response.session_id, response.seq), None)
+                    if future is not None and not future.done():
+                        future.set_result(response)
+                self.last_error = "the draft closed the stream"
+            except VocabularyMismatch as exc:
+                self.last_error = str(exc)
+                log.error("%s", exc)
+                backoff = self.options.backoff_max
+            except grpc.aio.AioRpcError as exc:
+                self.last_error = f"{exc.code().name}: {exc.details()}"
+            finally:
+                was_connected = self.connected
+                self.connected = False
+                self._connected_event.clear()
+                self._queue.put_nowait(None)
+                for future in self._pending.values():
+                    if not future.done():
+                        future.set_result(None)
+                self._pending.clear()
+                await channel.close(grace=None)
+            if was_connected:
+                log.warning(
+                    "lost the draft at %s (%s); decoding alone, reconnecting", self.address, self.last_error
+                )
+            await asyncio.sleep(backoff)
+            backoff = min(self.options.backoff_max, backoff * 2)
+
+    @staticmethod
+    async def _requests(queue: asyncio.Queue[pb.ProposeRequest | None]) -> AsyncIterator[pb.ProposeRequest]:
+        while True:
+            req = await queue.get()
+            if req is None:
+                return
+            yield req
+
+    def send(self, req: pb.ProposeRequest) -> asyncio.Future[pb.ProposeResponse | None] | None:
+        """Queue a request on the live stream; the future resolves with its answer (None if the stream dies)."""
+        if not self.connected:
+            return None
+        future: asyncio.Future[pb.ProposeResponse | None] = asyncio.get_running_loop().create_future()
+        if req.release:
+            future.set_result(None)
+        else:
+            self._pending[(req.session_id, req.seq)] = future
+        self._queue.put_nowait(req)
+        return future
+
+    def forget(self, session_id: int, seq: int) -> None:
+        self._pending.pop((session_id, seq), None)
+
+
+@dataclass
+class DraftProposal:
+    token_ids: list[int]
+    q_ids: list[list[int]]  # per position, the support of the distribution it was drawn from (sampled only)
+    q_probs: list[list[float]]
+
+
+class DraftLink:
+    """One completion's session on the draft: what it has told the draft, and its sequence numbers."""
+
+    def __init__(self, client: DraftClient, params: SamplingParams, seed: int) -> None:
+        self.client = client
+        self.params = params
+        self.seed = seed
+        self.session_id = 0
+        self.seq = 0
+        self.synced = 0  # committed tokens the draft already knows
+        self.generation = -1
+        self.cooldown = 0
+        self.rtt = 0.0
+
+    def _reset(self) -> None:
+        self.session_id, self.seq, self.synced = 0, 0, 0
+
+    async def propose(self, committed: list[int], gamma: int, verify_seconds: float) -> DraftProposal | None:
+        client = self.client
+        if self.cooldown > 0:
+            self.cooldown -= 1
+            return None
+        if not client.connected:
+            return None
+        if self.generation != client.generation:  # a new stream: the draft lost this session
+            self._reset()
+            self.generation = client.generation
+        if self.session_id == 0:
+            self.session_id = client.new_session_id()
+        self.seq += 1
+        req = pb.ProposeRequest(
+            target_id=client.target_id,
+            session_id=self.session_id,
+            seq=self.seq,
+            tokens=committed[self.synced :],
+            gamma=gamma,
+            temperature=self.params.temperature,
+            top_p=self.params.top_p,
+            top_k=client.options.top_k,
+            seed=self.seed,
+            verify_seconds=verify_seconds,
+            rtt_seconds=self.rtt,
+        )
+        sent = time.perf_counter()
+        future = client.send(req)
+        if future is None:
+            return None
+        try:
+            response = await asyncio.wait_for(future, client.options.deadline)
+        except TimeoutError:
+            # The draft may yet process this request: its view of the session is unknown, so drop the session.
+            client.forget(self.session_id, self.seq)
+            self.release()
+            self.cooldown = client.options.cooldown_rounds
+            return None
+        if response is None:
+            self._reset()
+            return None
+        self.rtt = time.perf_counter() - sent
+        if response.error_code:
+            log.warning(
+                "draft refused session %d seq %d: %s", self.session_id, self.seq, response.error_message
+            )
+            self.release()
+            return None
+        self.synced = len(committed)
+        k = response.top_k
+        q_ids = (
+            [list(response.q_ids[i * k : (i + 1) * k]) for i in range(len(response.token_ids))] if k else []
+        )
+        q_probs = (
+            [list(response.q_probs[i * k : (i + 1) * k]) for i in range(len(response.token_ids))] if k else []
+        )
+        return DraftProposal(list(response.token_ids), q_ids, q_probs)
+
+    def release(self) -> None:
+        """Free this session on the draft (fire and forget) and start afresh next time."""
+        if self.session_id and self.generation == self.client.generation:
+            self.client.send(
+                pb.ProposeRequest(
+                    target_id=self.client.target_id,
+                    session_id=self.session_id,
+                    seq=self.seq + 1,
+                    release=True,
+                )
+            )
+        self._reset()
