@@ -1,0 +1,222 @@
+"""Rendered templates over several values files: labels, names, security contexts, RBAC, images, sample."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from .conftest import Rendered
+
+VALUES_CASES = {
+    "defaults": (),
+    "sample": ("sample.yaml",),
+    "servicemonitor": ("servicemonitor.yaml",),
+    "custom-pools": ("custom-pools.yaml",),
+}
+RECOMMENDED_LABELS = {
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/part-of",
+    "helm.sh/chart",
+}
+
+Render = Callable[..., Rendered]
+
+
+@pytest.fixture(params=list(VALUES_CASES), ids=list(VALUES_CASES))
+def rendered(request: pytest.FixtureRequest, render: Render) -> Rendered:
+    return render(*VALUES_CASES[request.param])
+
+
+def pod_specs(docs: Rendered) -> list[tuple[str, dict[str, Any]]]:
+    """(name, pod spec) of every pod the chart renders, directly or through a workload's template."""
+    specs = []
+    for d in docs:
+        if d["kind"] == "Pod":
+            specs.append((d["metadata"]["name"], d["spec"]))
+        elif d["kind"] in {"Deployment", "StatefulSet", "DaemonSet", "Job"}:
+            specs.append((d["metadata"]["name"], d["spec"]["template"]["spec"]))
+    return specs
+
+
+def test_every_resource_has_the_recommended_labels(rendered: Rendered) -> None:
+    for d in rendered:
+        labels = d["metadata"].get("labels", {})
+        assert set(labels) >= RECOMMENDED_LABELS, f"{d['kind']}/{d['metadata']['name']} lacks labels"
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["app.kubernetes.io/instance"] == "rel"
+
+
+def test_names_are_cut_to_63_characters(render: Render) -> None:
+    long_release = "a-release-name-that-is-as-long-as-helm-allows-53-char"
+    assert len(long_release) == 53
+    docs = render("sample.yaml", release=long_release)
+    for d in docs:
+        name = d["metadata"]["name"]
+        assert len(name) <= 63, name
+        assert not name.endswith("-"), name
+    deployment = docs.one("Deployment")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert all(len(str(v)) <= 63 for v in labels.values())
+
+
+def test_deployment_selector_matches_its_pod_labels(rendered: Rendered) -> None:
+    deployment = rendered.one("Deployment", "-operator")
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= pod_labels.items()
+    assert "app.kubernetes.io/version" not in selector, "the selector must not change on upgrade"
+
+
+def test_operator_is_a_single_replica_replaced_with_recreate(rendered: Rendered) -> None:
+    spec = rendered.one("Deployment", "-operator")["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+
+
+def test_every_pod_runs_non_root_with_a_read_only_root_filesystem(rendered: Rendered) -> None:
+    specs = pod_specs(rendered)
+    assert specs, "no pod rendered"
+    for name, spec in specs:
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True, (name, c["name"])
+            assert sc["allowPrivilegeEscalation"] is False, (name, c["name"])
+            assert sc["capabilities"]["drop"] == ["ALL"], (name, c["name"])
+            assert "limits" in c["resources"] and "memory" in c["resources"]["limits"], (name, c["name"])
+
+
+def test_operator_probes_use_the_liveness_endpoint_it_serves(rendered: Rendered) -> None:
+    container = rendered.one("Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]
+    liveness_arg = next(a for a in container["args"] if a.startswith("--liveness="))
+    port = container["ports"][0]
+    assert liveness_arg == f"--liveness=http://0.0.0.0:{port['containerPort']}/healthz"
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": port["name"]}
+
+
+# The permissions the operator uses (what it reads, writes and watches); anything else is a regression.
+EXPECTED_PERMISSIONS = {
+    ("starsd.io", "starsdclusters"): {"get", "list", "watch", "patch", "update"},
+    ("starsd.io", "starsdclusters/status"): {"get", "patch", "update"},
+    ("starsd.io", "starsdclusters/scale"): {"get", "patch", "update"},
+    ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "update", "delete"},
+    ("apps", "statefulsets"): {"get", "list", "watch", "create", "patch", "update", "delete"},
+    ("", "services"): {"get", "list", "watch", "create", "patch", "update", "delete"},
+    ("", "pods"): {"get", "list", "watch"},
+    ("", "events"): {"create", "patch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+    ("networking.k8s.io", "networkpolicies"): {"get", "list", "watch", "create", "patch", "update", "delete"},
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+    ("", "namespaces"): {"get", "list", "watch"},
+}
+
+
+def granted_permissions(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        assert set(rule) <= {"apiGroups", "resources", "verbs"}, f"unexpected rule fields: {rule}"
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    return granted
+
+
+def test_cluster_role_grants_exactly_what_the_operator_uses_and_no_wildcard(rendered: Rendered) -> None:
+    role = rendered.one("ClusterRole")
+    for rule in role["rules"]:
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[field], f"wildcard in {rule}"
+    assert granted_permissions(role) == EXPECTED_PERMISSIONS
+
+
+def test_cluster_role_binding_binds_the_operator_service_account(rendered: Rendered) -> None:
+    binding = rendered.one("ClusterRoleBinding")
+    account = rendered.one("ServiceAccount")
+    pod = rendered.one("Deployment", "-operator")["spec"]["template"]["spec"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": rendered.one("ClusterRole")["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "starsd-system"}
+    ]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+
+
+def operator_env(docs: Rendered) -> dict[str, Any]:
+    container = docs.one("Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value") for e in container["env"]}
+
+
+def test_operator_gets_the_draft_and_target_images(render: Render) -> None:
+    assert operator_env(render()) | {"POD_NAMESPACE": None} == {
+        "STARSD_DRAFT_IMAGE": "starsd/draft:0.1.0",
+        "STARSD_TARGET_IMAGE": "starsd/target:0.1.0",
+        "POD_NAMESPACE": None,
+    }
+    custom = operator_env(render("custom-pools.yaml"))
+    assert custom["STARSD_DRAFT_IMAGE"] == "registry.example/starsd/draft:0.1.0-cuda"
+    assert custom["STARSD_TARGET_IMAGE"] == "registry.example/starsd/target:0.1.0-cuda"
+
+
+def test_operator_image_and_arguments(render: Render) -> None:
+    container = render().one("Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "starsd/operator:0.1.0"
+    assert container["args"][:2] == ["--log-level=INFO", "operator"]
+    assert not any(a.startswith("--namespace") for a in container["args"])
+    custom = render("custom-pools.yaml").one("Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "--namespace=inference" in custom["args"]
+    assert "--log-level=DEBUG" in custom["args"]
+
+
+def test_sample_cluster_is_off_by_default_and_so_is_the_test_pod(render: Render) -> None:
+    docs = render()
+    assert docs.of_kind("StarSDCluster") == []
+    assert docs.of_kind("Pod") == []
+    assert docs.of_kind("ServiceMonitor") == []
+
+
+def test_sample_cluster_renders_the_values(render: Render) -> None:
+    sample = render("sample.yaml").one("StarSDCluster")
+    assert sample["apiVersion"] == "starsd.io/v1alpha1"
+    assert sample["metadata"]["name"] == "chat"
+    spec = sample["spec"]
+    assert spec["draft"]["model"] == {"path": "/models/draft"}
+    assert spec["target"] == {"model": {"path": "/models/target"}, "gamma": 4}
+    assert [p["name"] for p in spec["pools"]] == ["h100", "l4"]
+    assert spec["pools"][0]["tolerations"][0]["key"] == "starsd.io/pool"
+
+
+def test_custom_pools_reach_the_sample_cluster(render: Render) -> None:
+    spec = render("custom-pools.yaml").one("StarSDCluster")["spec"]
+    assert [(p["name"], p["weight"]) for p in spec["pools"]] == [("h100", 4), ("a100", 2), ("l4", 1)]
+    assert spec["pools"][1]["nodeSelector"] == {"starsd.io/pool": "a100"}
+    assert spec["targets"]["replicas"] == 12
+    assert spec["target"]["gamma"] == 6
+    assert spec["autoscaling"]["enabled"] is False
+
+
+def test_test_pod_sends_a_completion_to_the_client_service(render: Render) -> None:
+    pod = render("sample.yaml").one("Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    container = pod["spec"]["containers"][0]
+    assert container["image"] == "starsd/target:0.1.0"
+    assert container["args"][1] == "http://chat-client.starsd-system.svc:8000/v1/completions"
+    assert "/v1/completions" in container["args"][1] and "urlopen" in container["args"][0]
+
+
+def test_service_monitor_scrapes_the_metrics_ports(render: Render) -> None:
+    monitor = render("servicemonitor.yaml").one("ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
+    ]
