@@ -1,0 +1,61 @@
+"""``starsd demo``: the main job on the embedded default (what ``make demo`` runs)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from starsd.commands._common import fail
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--targets", type=int, default=4, help="target servers (default 4)")
+    parser.add_argument("--gamma", type=int, default=4, help="tokens drafted per round (default 4)")
+    parser.add_argument("--requests", type=int, default=48, help="completions in the workload (default 48)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per completion (default 64)")
+    parser.add_argument("--concurrency", type=int, default=8, help="completions in flight at once (default 8)")
+    parser.add_argument("--models", type=Path, help="folder with draft/ and target/ (default: the shipped models)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from starsd.demo import format_report, run_workload, wait_draft_state
+    from starsd.local import LocalStar, StartError, default_models_dir, http_json
+
+    models = args.models or default_models_dir()
+    if not (models / "target" / "config.json").is_file() or not (models / "draft" / "config.json").is_file():
+        return fail(f"no draft/ and target/ checkpoints under {models}; run `make models` to train them")
+    if args.targets < 1 or args.requests < 1 or args.max_tokens < 1 or args.concurrency < 1:
+        return fail("--targets, --requests, --max-tokens and --concurrency must be >= 1")
+    print(f"StarSD demo: 1 draft ({models / 'draft'}) serving {args.targets} targets ({models / 'target'}),")
+    print(
+        f"gamma {args.gamma}, {args.requests} greedy completions of {args.max_tokens} tokens, "
+        f"{args.concurrency} in flight. All processes share this machine's {os.cpu_count()} CPU cores."
+    )
+    star = LocalStar(
+        draft_model=models / "draft", target_model=models / "target", targets=args.targets, gamma=args.gamma
+    )
+    print(f"starting the star (logs in {star.log_dir}) ...", flush=True)
+    try:
+        star.start()
+    except StartError as exc:
+        return fail(str(exc))
+    try:
+        run_workload(star.urls, len(star.urls), 8, len(star.urls))  # warm-up: first calls pay lazy set-up
+        with tqdm(total=args.requests, desc="with the draft ", unit="req") as bar:
+            with_draft = run_workload(star.urls, args.requests, args.max_tokens, args.concurrency, bar)
+        load = http_json(star.load_url)[1]
+        star.kill_draft()
+        wait_draft_state(star, connected=False)
+        with tqdm(total=args.requests, desc="targets alone  ", unit="req") as bar:
+            alone = run_workload(star.urls, args.requests, args.max_tokens, args.concurrency, bar)
+        print()
+        print(format_report(with_draft, alone, load, args.targets))
+        return 0 if with_draft.failures == 0 and alone.failures == 0 else 1
+    except KeyboardInterrupt:
+        print("\ninterrupted: stopping the star")
+        return 130
+    finally:
+        star.stop()

@@ -1,0 +1,55 @@
+"""``starsd local``: one draft and N targets on this machine, until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from pathlib import Path
+
+from starsd.commands._common import fail
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--targets", type=int, default=4, help="how many target servers (default 4)")
+    parser.add_argument("--gamma", type=int, default=4, help="tokens drafted per round (default 4)")
+    parser.add_argument("--draft-model", type=Path, help="draft checkpoint (default: the shipped models/draft)")
+    parser.add_argument("--target-model", type=Path, help="target checkpoint (default: the shipped models/target)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
+    parser.add_argument("--log-dir", type=Path, help="where the processes' logs go (default: a temporary folder)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from starsd.local import LocalStar, StartError
+
+    if args.targets < 1 or not 1 <= args.gamma <= 16:
+        return fail("--targets must be >= 1 and --gamma in 1..16")
+    star = LocalStar(
+        draft_model=args.draft_model,
+        target_model=args.target_model,
+        targets=args.targets,
+        gamma=args.gamma,
+        host=args.host,
+        log_dir=args.log_dir,
+    )
+    print(f"starting 1 draft and {args.targets} targets (logs in {star.log_dir}) ...", flush=True)
+    try:
+        star.start()
+    except StartError as exc:
+        return fail(str(exc))
+    print(f"draft    grpc://{star.draft_address}   load: {star.load_url}")
+    for i, url in enumerate(star.urls):
+        print(f"target-{i} {url}/v1/completions")
+    print("Ctrl-C stops them all.", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        while not stop.wait(1.0):
+            dead = [p.name for p in [star.draft, *star.target_procs] if p is not None and not p.alive()]
+            if dead:
+                print(f"{', '.join(dead)} exited; stopping the star (logs in {star.log_dir})")
+                return 1
+        return 0
+    finally:
+        star.stop()

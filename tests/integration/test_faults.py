@@ -1,0 +1,63 @@
+"""A draft killed mid-flight loses no request and changes no output; a restarted draft is used again."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from starsd.local import LocalStar, http_json
+from tests.integration.conftest import PROMPTS, Reference, start_star
+
+MAX_TOKENS = 160
+
+
+@pytest.fixture(scope="module")
+def star2(shipped_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStar]:
+    star = start_star(shipped_pair, 2, tmp_path_factory.mktemp("star-faults"))
+    try:
+        yield star
+    finally:
+        star.stop()
+
+
+def _complete(url: str, prompt: str | list[int]) -> dict:
+    status, body = http_json(f"{url}/v1/completions", {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0})
+    assert status == 200, body
+    return body
+
+
+def _wait_linked(star: LocalStar, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(http_json(f"{u}/readyz")[1].get("draft_connected") for u in star.urls):
+            return
+        time.sleep(0.2)
+    raise AssertionError("targets did not reconnect to the restarted draft")
+
+
+def test_draft_killed_during_requests_then_restarted(star2: LocalStar, reference: Reference) -> None:
+    prompts = PROMPTS[:8]
+    for p in prompts:  # compute the oracle first, so the kill lands while requests are in flight
+        reference.greedy(p, MAX_TOKENS)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        futures = [pool.submit(_complete, star2.urls[i % 2], p) for i, p in enumerate(prompts)]
+        time.sleep(0.5)
+        star2.kill_draft()  # SIGKILL
+        bodies = [f.result(timeout=300) for f in futures]
+    for prompt, body in zip(prompts, bodies, strict=True):
+        assert body["starsd"]["token_ids"] == reference.greedy(prompt, MAX_TOKENS), prompt
+    assert sum(b["starsd"]["fallback_tokens"] for b in bodies) > 0  # the kill happened mid-flight
+    # Serving goes on without a draft.
+    alone = _complete(star2.urls[0], PROMPTS[9])
+    assert alone["starsd"]["drafted_tokens"] == 0 and alone["starsd"]["fallback_tokens"] > 0
+    assert alone["starsd"]["token_ids"] == reference.greedy(PROMPTS[9], MAX_TOKENS)
+
+    star2.restart_draft()
+    _wait_linked(star2)
+    again = _complete(star2.urls[1], PROMPTS[10])
+    assert again["starsd"]["drafted_tokens"] > 0 and again["starsd"]["fallback_tokens"] == 0
+    assert again["starsd"]["token_ids"] == reference.greedy(PROMPTS[10], MAX_TOKENS)

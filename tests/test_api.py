@@ -1,0 +1,102 @@
+"""The completions request contract: what is accepted, and the clear 4xx for what is not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from starsd.target.api import Limits, RequestError, check_context, find_stop, parse_completion, stream_safe_length
+
+LIMITS = Limits(vocab_size=100, max_context=64, max_tokens_cap=50)
+MODELS = ("target",)
+
+
+def parse(body: Any):
+    return parse_completion(body, LIMITS, MODELS)
+
+
+def test_defaults_follow_openai() -> None:
+    req = parse({"prompt": "hi"})
+    assert (req.max_tokens, req.temperature, req.top_p, req.stream, req.stop, req.seed) == (
+        16,
+        1.0,
+        1.0,
+        False,
+        [],
+        None,
+    )
+
+
+def test_token_list_and_batch_of_one_prompts_are_accepted() -> None:
+    assert parse({"prompt": [1, 2, 3]}).prompt == [1, 2, 3]
+    assert parse({"prompt": ["hello"]}).prompt == "hello"
+    assert parse({"prompt": [[4, 5]]}).prompt == [4, 5]
+
+
+def test_stop_string_becomes_a_list() -> None:
+    assert parse({"prompt": "x", "stop": "\n"}).stop == ["\n"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "status"),
+    [
+        ([1, 2], None, 400),
+        ({}, "prompt", 400),
+        ({"prompt": ""}, "prompt", 400),
+        ({"prompt": 5}, "prompt", 400),
+        ({"prompt": [1, "a"]}, "prompt", 400),
+        ({"prompt": [1, 100]}, "prompt", 400),
+        ({"prompt": [-1]}, "prompt", 400),
+        ({"prompt": ["a", "b"]}, "prompt", 400),
+        ({"prompt": "x", "max_tokens": -1}, "max_tokens", 400),
+        ({"prompt": "x", "max_tokens": 0}, "max_tokens", 400),
+        ({"prompt": "x", "max_tokens": 10**9}, "max_tokens", 400),
+        ({"prompt": "x", "max_tokens": "ten"}, "max_tokens", 400),
+        ({"prompt": "x", "max_tokens": 2.5}, "max_tokens", 400),
+        ({"prompt": "x", "max_tokens": True}, "max_tokens", 400),
+        ({"prompt": "x", "temperature": "hot"}, "temperature", 400),
+        ({"prompt": "x", "temperature": -0.1}, "temperature", 400),
+        ({"prompt": "x", "top_p": 0}, "top_p", 400),
+        ({"prompt": "x", "top_p": 1.5}, "top_p", 400),
+        ({"prompt": "x", "seed": "s"}, "seed", 400),
+        ({"prompt": "x", "seed": -3}, "seed", 400),
+        ({"prompt": "x", "stream": "yes"}, "stream", 400),
+        ({"prompt": "x", "stop": 3}, "stop", 400),
+        ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop", 400),
+        ({"prompt": "x", "stop": [""]}, "stop", 400),
+        ({"prompt": "x", "n": 2}, "n", 400),
+        ({"prompt": "x", "logprobs": 5}, "logprobs", 400),
+        ({"prompt": "x", "model": 7}, "model", 400),
+        ({"prompt": "x", "model": "gpt-4"}, "model", 404),
+    ],
+)
+def test_bad_requests_are_refused_naming_the_field(body: Any, param: str | None, status: int) -> None:
+    with pytest.raises(RequestError) as info:
+        parse(body)
+    assert info.value.status == status
+    assert info.value.param == param
+    assert info.value.body()["error"]["message"]
+
+
+def test_unknown_fields_that_do_not_change_the_output_are_ignored() -> None:
+    assert (
+        parse({"prompt": "x", "user": "u1", "stream_options": {"include_usage": False}}).include_usage_in_stream
+        is False
+    )
+
+
+def test_context_length_counts_prompt_and_completion() -> None:
+    check_context(60, 4, LIMITS)
+    with pytest.raises(RequestError) as info:
+        check_context(60, 5, LIMITS)
+    assert info.value.code == "context_length_exceeded"
+    assert "64" in info.value.message
+
+
+def test_stop_sequences_are_found_and_held_back_while_streaming() -> None:
+    assert find_stop("abc\ndef", ["\n"]) == 3
+    assert find_stop("abcdef", ["x", "cd", "b"]) == 1
+    assert find_stop("abc", ["z"]) is None
+    assert stream_safe_length("hello wor", ["world"]) == len("hello ")
+    assert stream_safe_length("hello", ["world"]) == 5

@@ -1,0 +1,191 @@
+"""The draft's logic without gRPC: sessions, the request buffer, validation, load, batch curves."""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+import pytest
+
+from starsd.draft.buffer import RequestBuffer
+from starsd.draft.core import validate_request
+from starsd.draft.load import LoadTracker
+from starsd.draft.proposers import curve_time, parse_batch_curve
+from starsd.draft.sessions import SessionError, SessionStore
+from starsd.proto import starsd_pb2 as pb
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_sessions_open_at_seq_1_and_advance_in_order() -> None:
+    store = SessionStore(max_sessions=4, idle_timeout=10)
+    owner = object()
+    s = store.admit(("t", 1), 1, owner, lambda: "state")
+    assert s.state == "state" and s.next_seq == 2
+    assert store.admit(("t", 1), 2, owner, lambda: None) is s
+
+
+@pytest.mark.parametrize(
+    ("seq", "code"),
+    [(1, grpc.StatusCode.INVALID_ARGUMENT), (3, grpc.StatusCode.INVALID_ARGUMENT)],
+)
+def test_repeated_or_skipped_sequence_numbers_are_invalid(seq: int, code: grpc.StatusCode) -> None:
+    store = SessionStore(max_sessions=4, idle_timeout=10)
+    owner = object()
+    store.admit(("t", 1), 1, owner, lambda: None)
+    with pytest.raises(SessionError) as info:
+        store.admit(("t", 1), seq, owner, lambda: None)
+    assert info.value.code == code
+
+
+def test_unknown_session_is_not_found_and_full_store_is_exhausted() -> None:
+    store = SessionStore(max_sessions=1, idle_timeout=10)
+    owner = object()
+    with pytest.raises(SessionError) as info:
+        store.admit(("t", 9), 2, owner, lambda: None)
+    assert info.value.code == grpc.StatusCode.NOT_FOUND
+    store.admit(("t", 1), 1, owner, lambda: None)
+    with pytest.raises(SessionError) as info:
+        store.admit(("t", 2), 1, owner, lambda: None)
+    assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_sessions_are_isolated_per_stream_and_freed_with_it() -> None:
+    store = SessionStore(max_sessions=8, idle_timeout=10)
+    a, b = object(), object()
+    store.admit(("t", 1), 1, a, lambda: None)
+    store.admit(("t", 2), 1, a, lambda: None)
+    store.admit(("u", 1), 1, b, lambda: None)
+    with pytest.raises(SessionError):
+        store.admit(("t", 1), 2, b, lambda: None)  # another stream cannot drive this session
+    assert store.release_owner(a) == 2
+    assert len(store) == 1 and ("u", 1) in store
+
+
+def test_idle_sessions_are_swept_but_busy_ones_kept() -> None:
+    clock = Clock()
+    store = SessionStore(max_sessions=8, idle_timeout=10, clock=clock)
+    owner = object()
+    idle = store.admit(("t", 1), 1, owner, lambda: None)
+    busy = store.admit(("t", 2), 1, owner, lambda: None)
+    busy.busy = True
+    clock.now += 11
+    assert store.sweep() == 1
+    assert ("t", 2) in store and ("t", 1) not in store
+    assert idle.key == ("t", 1)
+
+
+def test_fifo_buffer_keeps_arrival_order_and_batches() -> None:
+    buf: RequestBuffer[str] = RequestBuffer("fifo")
+    for i, target in enumerate(["a", "a", "b", "a"]):
+        buf.put(target, f"{target}{i}")
+    assert buf.take(3) == ["a0", "a1", "b2"]
+    assert buf.take(3) == ["a3"]
+
+
+def test_fair_buffer_round_robins_over_targets() -> None:
+    buf: RequestBuffer[str] = RequestBuffer("fair")
+    for i in range(6):
+        buf.put("busy", f"busy{i}")
+    buf.put("quiet", "quiet0")
+    buf.put("other", "other0")
+    assert buf.take(5) == ["busy0", "quiet0", "other0", "busy1", "busy2"]
+
+
+def test_fair_buffer_honours_weights() -> None:
+    buf: RequestBuffer[str] = RequestBuffer("fair", weights={"big": 2})
+    for i in range(4):
+        buf.put("big", f"big{i}")
+        buf.put("small", f"small{i}")
+    assert buf.take(6) == ["big0", "big1", "small0", "big2", "big3", "small1"]
+
+
+def test_take_blocks_until_an_item_arrives() -> None:
+    buf: RequestBuffer[int] = RequestBuffer()
+    threading.Timer(0.05, lambda: buf.put("t", 1)).start()
+    assert buf.take(4, timeout=5) == [1]
+    assert buf.take(4, timeout=0.01) == []
+
+
+def test_unknown_schedule_is_refused() -> None:
+    with pytest.raises(ValueError, match="fifo, fair"):
+        RequestBuffer("lifo")
+
+
+def _req(**kw) -> pb.ProposeRequest:
+    base = dict(target_id="t", session_id=1, seq=1, tokens=[1, 2], gamma=4, top_p=1.0)
+    base.update(kw)
+    return pb.ProposeRequest(**base)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(session_id=0), "session_id"),
+        (dict(seq=0), "seq"),
+        (dict(gamma=0), "gamma"),
+        (dict(gamma=17), "gamma"),
+        (dict(tokens=[]), "prompt"),
+        (dict(tokens=[1, 100]), "out of range"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(top_p=2.0), "top_p"),
+        (dict(top_k=1000), "top_k"),
+        (dict(rtt_seconds=float("inf")), "rtt_seconds"),
+    ],
+)
+def test_malformed_requests_are_invalid_argument(fields: dict, message: str) -> None:
+    with pytest.raises(SessionError) as info:
+        validate_request(_req(**fields), vocab_size=100, max_gamma=16, max_context=64)
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in info.value.message
+
+
+def test_a_release_needs_no_proposal_fields() -> None:
+    validate_request(_req(release=True, gamma=0, tokens=[]), vocab_size=100, max_gamma=16, max_context=64)
+
+
+def test_load_reports_utilisation_means_and_demand_over_the_window() -> None:
+    clock = Clock()
+    load = LoadTracker(window_seconds=10, clock=clock)
+    clock.now += 10
+    # 5 services of 1 s each in the last 10 s: 50 % busy, Tq = 1 s.
+    for start in range(101, 111, 2):
+        load.record_service(start, start + 1, requests=1)
+    load.record_request(("t", 1), verify_seconds=2.0, transfer_seconds=0.5)
+    load.record_request(("t", 2), verify_seconds=4.0, transfer_seconds=None)
+    snap = load.snapshot(targets=2, queue_depth=0)
+    assert snap.utilization == pytest.approx(0.5)
+    assert (snap.tq_seconds, snap.tp_seconds, snap.tc_seconds) == (1.0, 3.0, 0.5)
+    assert snap.active_sessions == 2
+    # N* = ceil(1 + (3 + 2*0.5)/1) = 5; with 2 targets, 2*1 < C = 5: under-loaded.
+    assert snap.recommended_targets == 5 and snap.regime == "UnderLoaded"
+    clock.now += 20  # everything ages out of the window
+    snap = load.snapshot(targets=2, queue_depth=0)
+    assert snap.utilization == 0.0 and snap.active_sessions == 0 and snap.recommended_targets == 0
+
+
+def test_batched_service_time_is_split_over_the_batch() -> None:
+    clock = Clock()
+    load = LoadTracker(window_seconds=10, clock=clock)
+    load.record_service(100.0, 100.008, requests=8)
+    clock.now = 100.01
+    assert load.snapshot(targets=1, queue_depth=0).tq_seconds == pytest.approx(0.001)
+
+
+def test_batch_curves_parse_and_interpolate() -> None:
+    curve = parse_batch_curve("1:0.004, 8:0.006")
+    assert curve == {1: 0.004, 8: 0.006}
+    assert curve_time(curve, 1) == 0.004
+    assert curve_time(curve, 8) == 0.006
+    assert curve_time(curve, 4) == pytest.approx(0.004 + 0.002 * 3 / 7)
+    assert curve_time(curve, 15) == pytest.approx(0.008)
+    for bad in ("8:0.006", "x:1", "1:-1"):
+        with pytest.raises(ValueError):
+            parse_batch_curve(bad)

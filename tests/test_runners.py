@@ -1,0 +1,107 @@
+"""Model runners keep their KV caches consistent: crop-and-resume equals computing from scratch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from starsd.runners import (
+    DraftRunner,
+    ModelLoadError,
+    TargetRunner,
+    autoregressive_reference,
+    check_same_vocabulary,
+    load_checkpoint,
+)
+from starsd.sampling import SamplingParams, verify_greedy
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def test_a_wrong_model_path_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_checkpoint(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_checkpoint(tmp_path / "empty")
+
+
+def test_a_pair_with_different_vocabularies_is_refused(mismatched_pair: tuple[Path, Path]) -> None:
+    draft, target = (load_checkpoint(p) for p in mismatched_pair)
+    with pytest.raises(ModelLoadError, match="do not share a vocabulary"):
+        check_same_vocabulary(draft, target)
+
+
+def test_the_random_pair_shares_one_vocabulary(random_pair: tuple[Path, Path]) -> None:
+    draft, target = (load_checkpoint(p) for p in random_pair)
+    check_same_vocabulary(draft, target)
+
+
+def test_target_verification_rounds_reproduce_plain_greedy_decoding(random_pair: tuple[Path, Path]) -> None:
+    """Speculating with a draft that is the target itself accepts everything and equals generate()."""
+    target = load_checkpoint(random_pair[1])
+    prompt = [5, 17, 42, 7, 99]
+    reference = autoregressive_reference(target, prompt, 20)
+    runner, proposer = TargetRunner(target), DraftRunner(target)
+    session = runner.new_session(prompt)
+    state = proposer.new_state(None)
+    out: list[int] = []
+    new = list(prompt)
+    while len(out) < 20:
+        drafts = proposer.propose(state, new, 3, GREEDY, 8).token_ids
+        logits = runner.score(session, drafts)
+        verdict = verify_greedy(drafts, logits.argmax(-1).tolist())
+        runner.commit(session, verdict.accepted, verdict.tokens)
+        out.extend(verdict.tokens)
+        new = verdict.tokens
+        assert verdict.accepted == len(drafts)
+    assert out[:20] == reference[:20]
+
+
+def test_rejected_drafts_are_cropped_from_both_caches(random_pair: tuple[Path, Path]) -> None:
+    """Deliberately wrong drafts: after each rejection both caches must still give the true continuation."""
+    draft, target = (load_checkpoint(p) for p in random_pair)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    reference = autoregressive_reference(target, prompt, 16)
+    runner, proposer = TargetRunner(target), DraftRunner(draft)
+    session = runner.new_session(prompt)
+    state = proposer.new_state(None)
+    out: list[int] = []
+    new = list(prompt)
+    while len(out) < 16:
+        drafts = proposer.propose(state, new, 4, GREEDY, 8).token_ids
+        drafts = [(d + 1) % target.vocab_size for d in drafts]  # force rejections
+        verdict = verify_greedy(drafts, runner.score(session, drafts).argmax(-1).tolist())
+        runner.commit(session, verdict.accepted, verdict.tokens)
+        out.extend(verdict.tokens)
+        new = verdict.tokens
+    assert out[:16] == reference[:16]
+    # The draft's own cache agrees with a fresh draft session fed the same committed text.
+    fresh = proposer.new_state(None)
+    again = proposer.propose(fresh, list(session.committed), 4, GREEDY, 8).token_ids
+    assert proposer.propose(state, [], 4, GREEDY, 8).token_ids == again
+
+
+def test_sampled_proposals_report_the_distribution_they_were_drawn_from(random_pair: tuple[Path, Path]) -> None:
+    draft = load_checkpoint(random_pair[0])
+    proposer = DraftRunner(draft)
+    state = proposer.new_state(seed=11)
+    proposal = proposer.propose(state, [1, 2, 3], 4, SamplingParams(temperature=1.0), top_k=5)
+    assert len(proposal.token_ids) == 4
+    for d, ids, probs in zip(proposal.token_ids, proposal.q_ids, proposal.q_probs, strict=True):
+        assert d in ids and len(ids) == 5
+        assert sum(probs) == pytest.approx(1.0, abs=1e-5)
+        assert probs[ids.index(d)] > 0
+    again = proposer.propose(proposer.new_state(seed=11), [1, 2, 3], 4, SamplingParams(temperature=1.0), top_k=5)
+    assert again.token_ids == proposal.token_ids  # seeded: reproducible
+
+
+def test_the_draft_never_proposes_past_its_context(random_pair: tuple[Path, Path]) -> None:
+    draft = load_checkpoint(random_pair[0])
+    proposer = DraftRunner(draft)
+    state = proposer.new_state(None)
+    near_end = [1] * (draft.max_context - 2)
+    with torch.inference_mode():
+        assert len(proposer.propose(state, near_end, 8, GREEDY, 8).token_ids) == 2

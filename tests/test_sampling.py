@@ -1,0 +1,138 @@
+"""Speculative sampling reproduces the target's distribution (statistically, fixed seeds) and greedy exactly."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from starsd.sampling import (
+    SamplingParams,
+    dense_from_sparse,
+    logits_to_probs,
+    truncate_top_k,
+    verify,
+    verify_greedy,
+)
+from tests.stats import chi2_critical, chi2_statistic, fits
+
+V = 6
+
+
+def _random_dist(gen: torch.Generator, sharp: float = 2.0) -> torch.Tensor:
+    return torch.softmax(torch.randn(V, generator=gen) * sharp, dim=-1)
+
+
+def _speculate(
+    p_rows: torch.Tensor, q_rows: torch.Tensor, length: int, gamma: int, gen: torch.Generator, sampler=verify
+) -> list[int]:
+    """Generate ``length`` tokens from a 'model' whose position-j distribution is p_rows[j] (q_rows for the draft)."""
+    out: list[int] = []
+    while len(out) < length:
+        start = len(out)
+        g = min(gamma, length - start - 1)
+        drafts = [int(torch.multinomial(q_rows[start + i], 1, generator=gen)) for i in range(g)]
+        verdict = sampler(drafts, q_rows[start : start + g], p_rows[start : start + g + 1], gen)
+        out.extend(verdict.tokens)
+    return out[:length]
+
+
+def _joint_counts(samples: list[list[int]]) -> list[int]:
+    counts = {cell: 0 for cell in itertools.product(range(V), repeat=2)}
+    for s in samples:
+        counts[(s[0], s[1])] += 1
+    return list(counts.values())
+
+
+def _joint_probs(p_rows: torch.Tensor) -> list[float]:
+    return [float(p_rows[0, a] * p_rows[1, b]) for a, b in itertools.product(range(V), repeat=2)]
+
+
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_speculative_sampling_reproduces_the_target_joint_distribution(gamma: int) -> None:
+    gen = torch.Generator().manual_seed(1234 + gamma)
+    p_rows = torch.stack([_random_dist(gen) for _ in range(4)])
+    q_rows = torch.stack([_random_dist(gen) for _ in range(4)])
+    samples = [_speculate(p_rows, q_rows, 2, gamma, gen) for _ in range(20000)]
+    observed = _joint_counts(samples)
+    assert fits(observed, _joint_probs(p_rows)), chi2_statistic(observed, _joint_probs(p_rows))
+
+
+def test_the_check_rejects_a_sampler_that_resamples_from_p_instead_of_the_residual() -> None:
+    """The statistical test has power: a classic bug (resampling from p after a rejection) fails it."""
+
+    def wrong(drafts, q, p, gen):
+        from starsd.sampling import Verdict
+
+        accepted: list[int] = []
+        for i, d in enumerate(drafts):
+            if torch.rand((), generator=gen) < min(1.0, float(p[i, d] / q[i, d])):
+                accepted.append(d)
+                continue
+            return Verdict(len(accepted), [*accepted, int(torch.multinomial(p[i], 1, generator=gen))])
+        return Verdict(len(drafts), [*accepted, int(torch.multinomial(p[len(drafts)], 1, generator=gen))])
+
+    gen = torch.Generator().manual_seed(99)
+    p_rows = torch.stack([_random_dist(gen) for _ in range(4)])
+    q_rows = torch.stack([_random_dist(gen) for _ in range(4)])
+    samples = [_speculate(p_rows, q_rows, 2, 3, gen, sampler=wrong) for _ in range(20000)]
+    stat, df = chi2_statistic(_joint_counts(samples), _joint_probs(p_rows))
+    assert stat > chi2_critical(df)
+
+
+def test_top_k_truncated_proposals_stay_lossless() -> None:
+    """The draft proposes from its top-k, renormalised, and reports it: the output is still the target's."""
+    gen = torch.Generator().manual_seed(7)
+    p = _random_dist(gen, sharp=1.0)
+    q_full = _random_dist(gen, sharp=1.0)
+    ids, q_k = truncate_top_k(q_full, 3)
+    q = dense_from_sparse(ids.unsqueeze(0), q_k.unsqueeze(0), V)[0]
+    assert float(q.sum()) == pytest.approx(1.0)
+    assert int((q > 0).sum()) == 3
+    counts = [0] * V
+    for _ in range(20000):
+        d = int(torch.multinomial(q, 1, generator=gen))
+        verdict = verify([d], q.unsqueeze(0), torch.stack([p, p]), gen)
+        counts[verdict.tokens[0]] += 1
+    assert fits(counts, p.tolist())
+
+
+def test_seeded_verification_is_deterministic() -> None:
+    gen = torch.Generator().manual_seed(5)
+    p_rows = torch.stack([_random_dist(gen) for _ in range(4)])
+    q_rows = torch.stack([_random_dist(gen) for _ in range(4)])
+    runs = [_speculate(p_rows, q_rows, 4, 3, torch.Generator().manual_seed(42)) for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_greedy_accepts_the_longest_matching_prefix_then_the_target_token() -> None:
+    assert verify_greedy([5, 6, 7], [5, 6, 9, 1]).tokens == [5, 6, 9]
+    assert verify_greedy([5, 6, 7], [5, 6, 9, 1]).accepted == 2
+    assert verify_greedy([5, 6, 7], [5, 6, 7, 1]).tokens == [5, 6, 7, 1]  # all accepted: bonus
+    assert verify_greedy([5], [4, 1]).tokens == [4]  # first rejected: the target's own token
+    assert verify_greedy([], [3]).tokens == [3]  # no draft: plain decoding
+
+
+def test_greedy_through_the_general_verifier_matches_the_greedy_fast_path() -> None:
+    logits = torch.randn(4, V, generator=torch.Generator().manual_seed(3))
+    p = logits_to_probs(logits, SamplingParams(temperature=0.0))
+    target = logits.argmax(-1).tolist()
+    drafts = [target[0], target[1], (target[2] + 1) % V]
+    assert verify(drafts, None, p).tokens == verify_greedy(drafts, target).tokens == [*target[:2], target[2]]
+
+
+def test_top_p_keeps_the_smallest_set_reaching_the_mass() -> None:
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    probs = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=0.8))
+    assert probs.tolist() == pytest.approx([0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0])
+
+
+def test_verify_refuses_mismatched_shapes_and_impossible_drafts() -> None:
+    p = torch.full((2, V), 1.0 / V)
+    with pytest.raises(ValueError, match="gamma \\+ 1"):
+        verify([1, 2], None, p)
+    q = torch.zeros(1, V)
+    q[0, 0] = 1.0
+    with pytest.raises(ValueError, match="probability 0"):
+        verify([3], q, p)
