@@ -24,7 +24,7 @@ def test_a_wrong_model_path_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="does not exist"):
         load_checkpoint(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ModelLoadError, match="no config.json"):
+    with pytest.raises(ModelLoadError, match=r"no config\.json"):
         load_checkpoint(tmp_path / "empty")
 
 
