@@ -84,9 +84,7 @@ def _check_probability(name: str, value: float) -> float:
     return v
 
 
-def position_acceptance(
-    gamma: int, alpha: float | None = None, betas: Sequence[float] | None = None
-) -> list[float]:
+def position_acceptance(gamma: int, alpha: float | None = None, betas: Sequence[float] | None = None) -> list[float]:
     """``[beta(1), ..., beta(gamma)]`` from exactly one of a constant ``alpha`` or per-position ``betas``."""
     _check_count("gamma", gamma, 1)
     if (alpha is None) == (betas is None):
@@ -105,9 +103,7 @@ def position_acceptance(
 # --- acceptance -----------------------------------------------------------------------------------
 
 
-def accepted_length_tail(
-    gamma: int, alpha: float | None = None, betas: Sequence[float] | None = None
-) -> list[float]:
+def accepted_length_tail(gamma: int, alpha: float | None = None, betas: Sequence[float] | None = None) -> list[float]:
     """``[P(l >= 1), ..., P(l >= gamma)]``: ``P(l >= y) = prod_{k<=y} beta(k)``."""
     tail: list[float] = []
     p = 1.0
@@ -125,9 +121,7 @@ def accepted_length_distribution(
     return [tail[k] - tail[k + 1] for k in range(gamma + 1)]
 
 
-def expected_accepted_length(
-    gamma: int, alpha: float | None = None, betas: Sequence[float] | None = None
-) -> float:
+def expected_accepted_length(gamma: int, alpha: float | None = None, betas: Sequence[float] | None = None) -> float:
     """``E[l]``, the expected number of accepted draft tokens per round (tail-sum identity).
 
     With a constant ``alpha`` this is the closed form ``(1 - alpha^(gamma+1)) / (1 - alpha) - 1``
@@ -141,9 +135,7 @@ def expected_accepted_length(
     return math.fsum(accepted_length_tail(gamma, alpha, betas))
 
 
-def expected_tokens_per_round(
-    gamma: int, alpha: float | None = None, betas: Sequence[float] | None = None
-) -> float:
+def expected_tokens_per_round(gamma: int, alpha: float | None = None, betas: Sequence[float] | None = None) -> float:
     """``E[l] + 1``: tokens one round commits (accepted drafts plus the target's own token)."""
     return expected_accepted_length(gamma, alpha, betas) + 1.0
 
@@ -212,9 +204,7 @@ def optimal_targets(tq: float, tp: float, tc: float) -> int:
     return _ceil(1.0 + (tp + 2.0 * tc) / tq)
 
 
-def draft_capacity(
-    tq: float, gamma: int, alpha: float | None = None, betas: Sequence[float] | None = None
-) -> float:
+def draft_capacity(tq: float, gamma: int, alpha: float | None = None, betas: Sequence[float] | None = None) -> float:
     """The most tokens per second one unbatched draft can feed: ``(E[l]+1)/tq``."""
     tq = _check_time("tq", tq, positive=True)
     return expected_tokens_per_round(gamma, alpha, betas) / tq
@@ -253,8 +243,9 @@ class BatchCurve:
         object.__setattr__(self, "points", tuple(pts))
 
     @classmethod
-    def parse(cls, text: str) -> BatchCurve:
-        """Parse ``"1:0.004,8:0.006"`` (batch size : seconds, comma separated)."""
+    def parse(cls, text: str, unbatched: float | None = None) -> BatchCurve:
+        """Parse ``"1:0.004,8:0.006"`` (batch size : seconds, comma separated); ``unbatched`` supplies
+        ``Tq(1)`` when the text has no ``1:`` point."""
         pts: list[tuple[int, float]] = []
         for item in text.split(","):
             item = item.strip()
@@ -267,6 +258,8 @@ class BatchCurve:
                 pts.append((int(b), float(t)))
             except ValueError:
                 raise ValueError(f"batch curve point {item!r} is not B:SECONDS") from None
+        if unbatched is not None and all(b != 1 for b, _ in pts):
+            pts.insert(0, (1, unbatched))
         return cls(tuple(pts))
 
     @property

@@ -248,9 +248,7 @@ def simulate_star(
     [(0.004, 0.020, 0.001), (0.004, 0.030, 0.0005), (0.010, 0.025, 0.0025), (0.002, 0.050, 0.002)],
 )
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 8, 12, 24])
-def test_simulated_star_matches_throughput_utilization_and_round_time(
-    tq: float, tp: float, tc: float, n: int
-) -> None:
+def test_simulated_star_matches_throughput_utilization_and_round_time(tq: float, tp: float, tc: float, n: int) -> None:
     betas = [0.9, 0.8, 0.7, 0.6]
     # ~4000 measured rounds in all: the token count's standard error is ~0.7% of the mean.
     sim = simulate_star(n, tq, tp, tc, betas, rounds_per_target=max(400, 8000 // n), seed=n)
@@ -304,9 +302,7 @@ def test_a_flat_memory_bound_curve_lets_one_draft_feed_many_more_targets() -> No
     unbatched = model.optimal_targets(0.004, tp, tc)  # ceil(1 + 0.032/0.004) = 9
     batched = model.batched_optimal_targets(flat, tp, tc)  # ceil(8 * (1 + 0.032/0.005)) = 60
     assert (unbatched, batched) == (9, 60)
-    assert model.batched_capacity(flat, 4, alpha=0.8) == pytest.approx(
-        6.4 * model.draft_capacity(0.004, 4, alpha=0.8)
-    )
+    assert model.batched_capacity(flat, 4, alpha=0.8) == pytest.approx(6.4 * model.draft_capacity(0.004, 4, alpha=0.8))
     # Batching never lowers the model's throughput, and helps exactly once the unbatched draft saturates.
     for n in range(1, 80):
         plain = model.throughput(n, 0.004, tp, tc, 4, alpha=0.8)
@@ -379,12 +375,16 @@ def test_plan_with_a_batch_curve_uses_the_batched_n_star() -> None:
 
 @settings(max_examples=50, deadline=None)
 @given(n=st.integers(1, 64), tq=times, tp=times, tc=st.floats(0.0, 0.1))
-def test_utilization_is_a_fraction_and_throughput_is_positive(
-    n: int, tq: float, tp: float, tc: float
-) -> None:
+def test_utilization_is_a_fraction_and_throughput_is_positive(n: int, tq: float, tp: float, tc: float) -> None:
     u = model.utilization(n, tq, tp, tc)
     assert 0.0 < u <= 1.0
     assert model.throughput(n, tq, tp, tc, 3, alpha=0.5) > 0.0
     assert (u == 1.0) == (model.regime(n, tq, tp, tc) == "FullyLoaded") or math.isclose(
         n * tq, model.cycle_time(tq, tp, tc), rel_tol=1e-9
     )
+
+
+def test_batch_curve_parse_takes_the_unbatched_time_when_b1_is_missing() -> None:
+    assert BatchCurve.parse("8:0.006", unbatched=0.004).points == ((1, 0.004), (8, 0.006))
+    # An explicit B=1 point wins over the supplied one.
+    assert BatchCurve.parse("1:0.003,8:0.006", unbatched=0.004).tq(1) == 0.003

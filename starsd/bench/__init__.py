@@ -1,0 +1,1 @@
+"""The star benchmark: accelerator profiles, emulated targets, the sweep against the system model, plots."""

@@ -1,0 +1,216 @@
+"""``starsd plan``: the system model's table over N (regime, utilisation, throughput, latency), marking N*.
+
+Times come from flags, from a named accelerator profile (``--profile``) or from a profile file
+(``--profile-json``); flags given explicitly override the profile's values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from starsd import model
+
+
+def _n_list(text: str) -> list[int]:
+    try:
+        ns = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated target counts, got {text!r}") from None
+    if not ns or any(n < 1 for n in ns):
+        raise argparse.ArgumentTypeError(f"target counts must be >= 1, got {text!r}")
+    return ns
+
+
+def _betas(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated probabilities, got {text!r}") from None
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    parser.description = (
+        "The system model of one draft serving N targets (DESIGN.md section 2): for each N, the regime, the "
+        "draft's utilisation, total throughput O(N), per-target throughput and latency per token. N* (the "
+        "fewest targets that keep the draft busy) is marked."
+    )
+    src = parser.add_argument_group("times and acceptance (flags override a profile)")
+    src.add_argument("--profile", help="a named accelerator profile (see `starsd bench profiles`)")
+    src.add_argument("--profile-json", metavar="FILE", help="an accelerator profile of your own (JSON)")
+    src.add_argument("--tq", type=float, help="draft service time for one request, seconds")
+    src.add_argument("--tp", type=float, help="target verify time for one round, seconds")
+    src.add_argument("--tc", type=float, help="one-way transfer time (request or response), seconds")
+    src.add_argument("--gamma", type=int, help="draft tokens proposed per round")
+    acc = src.add_mutually_exclusive_group()
+    acc.add_argument("--alpha", type=float, help="constant per-position acceptance probability")
+    acc.add_argument("--betas", type=_betas, help="per-position acceptance beta(1..gamma), comma separated")
+    src.add_argument(
+        "--batch-curve",
+        metavar="B:S,...",
+        help='the draft\'s batched service time Tq(B), e.g. "1:0.004,8:0.006" (B=1 defaults to --tq)',
+    )
+    out = parser.add_argument_group("output")
+    out.add_argument(
+        "--max-n", type=int, help="rows up to N = MAX_N (default max(8, 2*N*); past 64, powers of two and N*)"
+    )
+    out.add_argument("--n", type=_n_list, metavar="N,N,...", help="exactly these N (overrides --max-n)")
+    out.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _resolve(args: argparse.Namespace) -> dict[str, Any]:
+    """Merge the profile (if any) with explicit flags; returns tq, tp, tc, gamma, alpha, betas, curve."""
+    values: dict[str, Any] = {"tq": None, "tp": None, "tc": None, "gamma": None, "alpha": None, "betas": None}
+    curve_text: str | None = None
+    name: str | None = None
+    if args.profile or args.profile_json:
+        from starsd.bench import profiles  # no torch, no grpc: cheap
+
+        prof = profiles.load_profile_json(args.profile_json) if args.profile_json else profiles.get(args.profile)
+        name = prof.name
+        values.update(tq=prof.tq, tp=prof.tp, tc=prof.tc, gamma=prof.gamma, alpha=prof.alpha, betas=None)
+        if prof.batch_curve:
+            curve_text = ",".join(f"{b}:{t}" for b, t in prof.batch_curve)
+    for key in ("tq", "tp", "tc", "gamma"):
+        if getattr(args, key) is not None:
+            values[key] = getattr(args, key)
+    if args.alpha is not None:
+        values.update(alpha=args.alpha, betas=None)
+    if args.betas is not None:
+        values.update(betas=args.betas, alpha=None)
+    if args.batch_curve is not None:
+        curve_text = args.batch_curve
+    curve: model.BatchCurve | None = None
+    if curve_text:
+        if values["tq"] is None and "1:" not in curve_text.replace(" ", ""):
+            raise ValueError("missing --tq (or a 1:SECONDS point in --batch-curve)")
+        curve = model.BatchCurve.parse(curve_text, unbatched=values["tq"])
+        if args.tq is None:
+            values["tq"] = curve.tq(1)
+    missing = [f"--{k}" for k in ("tq", "tp", "tc", "gamma") if values[k] is None]
+    if values["alpha"] is None and values["betas"] is None:
+        missing.append("--alpha or --betas")
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)} (give them, or a --profile / --profile-json)")
+    values["curve"] = curve
+    values["profile"] = name
+    return values
+
+
+def default_ns(n_star: int, max_n: int | None = None) -> list[int]:
+    """Every N up to ``max_n`` (default ``max(8, 2*N*)``) when that is at most 64 rows; beyond, powers of two
+    plus the neighbours of N*, so a large batched N* still gives a short table."""
+    top = max_n or max(8, 2 * n_star)
+    if top <= 64:
+        return list(range(1, top + 1))
+    ns = {1 << k for k in range(top.bit_length()) if 1 << k <= top}
+    ns |= {n for n in (n_star - 1, n_star, n_star + 1, top) if 1 <= n <= top}
+    return sorted(ns)
+
+
+def build_report(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything ``starsd plan`` prints, as plain data (raises ValueError on bad input)."""
+    v = _resolve(args)
+    tq, tp, tc, gamma, alpha, betas = v["tq"], v["tp"], v["tc"], v["gamma"], v["alpha"], v["betas"]
+    curve: model.BatchCurve | None = v["curve"]
+    n_star_plain = model.optimal_targets(tq, tp, tc)
+    n_star = model.batched_optimal_targets(curve, tp, tc) if curve else n_star_plain
+    if args.n:
+        ns: list[int] = args.n
+    else:
+        if args.max_n is not None and args.max_n < 1:
+            raise ValueError(f"--max-n must be >= 1, got {args.max_n}")
+        ns = default_ns(n_star, args.max_n)
+    rows = model.plan(tq, tp, tc, gamma, alpha=alpha, betas=betas, ns=ns, batch_curve=curve)
+    tokens = model.expected_tokens_per_round(gamma, alpha, betas)
+    report: dict[str, Any] = {
+        "inputs": {
+            "profile": v["profile"],
+            "tq": tq,
+            "tp": tp,
+            "tc": tc,
+            "gamma": gamma,
+            "alpha": alpha,
+            "betas": betas,
+            "batch_curve": [list(p) for p in curve.points] if curve else None,
+        },
+        "expected_accepted_length": tokens - 1.0,
+        "expected_tokens_per_round": tokens,
+        "cycle_time": model.cycle_time(tq, tp, tc),
+        "optimal_targets": n_star,
+        "optimal_targets_unbatched": n_star_plain,
+        "draft_capacity": model.batched_capacity(curve, gamma, alpha, betas)
+        if curve
+        else model.draft_capacity(tq, gamma, alpha, betas),
+        "rows": [r.to_dict() for r in rows],
+    }
+    if curve:
+        best = curve.best_batch()
+        report["batching"] = {
+            "best_batch": best,
+            "tq_best_batch": curve.tq(best),
+            "per_request_time": curve.per_request_time(best),
+            "gain": curve.batching_gain(),
+            "capacity_unbatched": model.draft_capacity(tq, gamma, alpha, betas),
+        }
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    inp = report["inputs"]
+    acc = f"alpha={inp['alpha']}" if inp["alpha"] is not None else f"betas={inp['betas']}"
+    lines = []
+    if inp["profile"]:
+        lines.append(f"profile {inp['profile']}")
+    lines.append(
+        f"Tq={inp['tq'] * 1e3:.3f} ms  Tp={inp['tp'] * 1e3:.3f} ms  Tc={inp['tc'] * 1e3:.3f} ms  "
+        f"gamma={inp['gamma']}  {acc}"
+    )
+    lines.append(
+        f"E[l]+1 = {report['expected_tokens_per_round']:.3f} tokens/round   C = Tq+Tp+2Tc = "
+        f"{report['cycle_time'] * 1e3:.3f} ms   N* = {report['optimal_targets']}   "
+        f"draft capacity = {report['draft_capacity']:.1f} tokens/s"
+    )
+    batched = "batching" in report
+    if batched:
+        b = report["batching"]
+        lines.append(
+            f"batching: Tq({b['best_batch']}) = {b['tq_best_batch'] * 1e3:.3f} ms, so a request costs the draft "
+            f"{b['per_request_time'] * 1e3:.3f} ms instead of {inp['tq'] * 1e3:.3f} ms (x{b['gain']:.2f} capacity);"
+        )
+        lines.append(
+            f"  a memory-bound draft's Tq(B) grows slowly with B, so it feeds N* = {report['optimal_targets']} "
+            f"targets instead of {report['optimal_targets_unbatched']}"
+        )
+    header = f"{'N':>5}  {'regime':<11}  {'util':>6}  " + (f"{'B':>3}  " if batched else "")
+    header += f"{'tokens/s':>10}  {'per target':>10}  {'ms/token':>9}  {'round ms':>9}"
+    lines += ["", header, "-" * len(header)]
+    for r in report["rows"]:
+        line = f"{r['n']:>5}  {r['regime']:<11}  {r['utilization'] * 100:>5.1f}%  "
+        if batched:
+            line += f"{r['batch']:>3}  "
+        line += (
+            f"{r['throughput']:>10.1f}  {r['per_target_throughput']:>10.1f}  "
+            f"{r['latency_per_token'] * 1e3:>9.3f}  {r['round_time'] * 1e3:>9.3f}"
+        )
+        if r["optimal"]:
+            line += "  <- N*"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        report = build_report(args)
+    except (ValueError, OSError, KeyError) as exc:
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"starsd plan: {msg}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_report(report))
+    return 0
