@@ -209,14 +209,29 @@ def test_test_pod_sends_a_completion_to_the_client_service(render: Render) -> No
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     container = pod["spec"]["containers"][0]
     assert container["image"] == "starsd/target:0.1.0"
-    assert container["args"][1] == "http://chat-client.starsd-system.svc:8000/v1/completions"
+    assert container["args"][1] == "http://chat.starsd-system.svc:8000/v1/completions"
     assert "/v1/completions" in container["args"][1] and "urlopen" in container["args"][0]
 
 
-def test_service_monitor_scrapes_the_metrics_ports(render: Render) -> None:
-    monitor = render("servicemonitor.yaml").one("ServiceMonitor")
-    assert monitor["metadata"]["labels"]["release"] == "prometheus"
-    assert monitor["spec"]["namespaceSelector"] == {"any": True}
-    assert monitor["spec"]["endpoints"] == [
+def test_service_monitors_scrape_each_draft_and_target_pod_once(render: Render) -> None:
+    docs = render("servicemonitor.yaml")
+    draft = docs.one("ServiceMonitor", "-draft")
+    target = docs.one("ServiceMonitor", "-target")
+    for monitor in (draft, target):
+        assert monitor["metadata"]["labels"]["release"] == "prometheus"
+        assert monitor["spec"]["namespaceSelector"] == {"any": True}
+        assert monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/managed-by"] == "starsd-operator"
+    assert draft["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "draft"
+    assert draft["spec"]["endpoints"] == [
         {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
     ]
+    # Only the per-pool headless Services carry the pool label: the client Service would scrape twice.
+    assert target["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "target"
+    assert target["spec"]["selector"]["matchExpressions"] == [{"key": "starsd.io/pool", "operator": "Exists"}]
+    assert target["spec"]["endpoints"][0]["port"] == "http"
+
+
+def test_service_monitors_follow_the_watched_namespace(render: Render) -> None:
+    docs = render("custom-pools.yaml", sets=("serviceMonitor.enabled=true",))
+    for monitor in docs.of_kind("ServiceMonitor"):
+        assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["inference"]}
