@@ -1,0 +1,26 @@
+"""Every child resource of a cluster, as the plain dicts the operator applies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import draft, network, pools, targets
+from .naming import Owner
+from .podspec import Images
+from .spec import ClusterSpec
+
+
+def desired(owner: Owner, spec: ClusterSpec, images: Images) -> list[dict[str, Any]]:
+    """The draft's Deployment, Service and NetworkPolicy, per pool a StatefulSet and headless Service,
+    and the client Service; Services come before the workloads that use their names."""
+    split = pools.split(spec.replicas, spec.pools)
+    objs: list[dict[str, Any]] = [
+        draft.service(owner),
+        network.draft_policy(owner),
+        draft.deployment(owner, spec, images),
+        targets.client_service(owner),
+    ]
+    for pool in spec.pools:
+        objs.append(targets.headless_service(owner, pool))
+        objs.append(targets.statefulset(owner, spec, pool, split[pool.name], images))
+    return objs

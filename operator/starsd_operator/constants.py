@@ -1,0 +1,55 @@
+"""Names and numbers that the CRD, the chart, the images and the e2e tests agree on (DESIGN.md sections 3-5)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+GROUP: Final = "starsd.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "StarSDCluster"
+PLURAL: Final = "starsdclusters"
+
+# Who we are to the API server: server-side apply field manager, finalizer, kopf's bookkeeping prefix.
+FIELD_MANAGER: Final = "starsd-operator"
+FINALIZER: Final = f"{GROUP}/finalizer"
+KOPF_PREFIX: Final = GROUP
+
+# Recommended labels (https://kubernetes.io/docs/concepts/overview/working-with-objects/common-labels/).
+LABEL_NAME: Final = "app.kubernetes.io/name"
+LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
+LABEL_COMPONENT: Final = "app.kubernetes.io/component"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+LABEL_POOL: Final = f"{GROUP}/pool"
+APP_NAME: Final = "starsd"
+MANAGED_BY: Final = "starsd-operator"
+COMPONENT_DRAFT: Final = "draft"
+COMPONENT_TARGET: Final = "target"
+
+# Set on a StarSDCluster to read the draft's load from elsewhere than its Service (an operator running
+# outside the cluster, or a test driving a real draft on loopback).
+ANNOTATION_LOAD_URL: Final = f"{GROUP}/load-url"
+
+# Ports the data plane listens on (DESIGN.md section 3).
+DRAFT_GRPC_PORT: Final = 50051
+DRAFT_METRICS_PORT: Final = 9090
+TARGET_HTTP_PORT: Final = 8000
+LOAD_PATH: Final = "/v1/load"
+
+# Default images; the operator's environment overrides them, a resource's spec overrides those.
+ENV_DRAFT_IMAGE: Final = "STARSD_DRAFT_IMAGE"
+ENV_TARGET_IMAGE: Final = "STARSD_TARGET_IMAGE"
+DEFAULT_DRAFT_IMAGE: Final = "starsd/draft:0.1.0"
+DEFAULT_TARGET_IMAGE: Final = "starsd/target:0.1.0"
+
+# The unprivileged user the pods run as; the images create it with this uid/gid.
+RUN_AS_USER: Final = 10001
+
+# Condition types written to status.conditions.
+COND_READY: Final = "Ready"
+COND_DRAFT_READY: Final = "DraftReady"
+COND_TARGETS_READY: Final = "TargetsReady"
+COND_REBALANCING: Final = "Rebalancing"
+
+# The Event reason of every rebalancing decision that changes the target count.
+EVENT_REBALANCED: Final = "Rebalanced"

@@ -1,0 +1,72 @@
+"""kopf handlers: thin adapters from kopf's calls to :mod:`.controller`.
+
+* ``reconcile`` runs on create, on resume (operator start) and on every spec change: the same idempotent
+  server-side apply each time, then ``status.observedGeneration``.
+* ``tick`` runs every few seconds per cluster: status from the children, the draft's load, the rebalancer.
+
+Both are sync: kopf runs them in its thread pool, and the client they call is the synchronous one.
+"""
+
+from __future__ import annotations
+
+import functools
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from . import constants as c
+from . import controller, loadclient
+from .controller import Config, Memory
+from .kube import Kube, KubeError
+from .spec import SpecError
+
+RETRY_DELAY = 10.0
+MEMORY_KEY = "starsd_memory"
+
+
+def register(registry: kopf.OperatorRegistry, *, tick_interval: float) -> None:
+    """Register the handlers on ``registry``."""
+    resource = (c.GROUP, c.VERSION, c.PLURAL)
+    kopf.on.create(*resource, registry=registry, id="reconcile")(reconcile)
+    kopf.on.resume(*resource, registry=registry, id="reconcile")(reconcile)
+    kopf.on.update(*resource, field="spec", registry=registry, id="reconcile")(reconcile)
+    kopf.timer(*resource, interval=tick_interval, initial_delay=1.0, registry=registry, id="tick")(tick)
+
+
+def memory(memo: Any) -> Memory:
+    """The per-cluster :class:`Memory`; kopf gives each object its own copy of the operator's memo."""
+    found = memo.get(MEMORY_KEY)
+    if not isinstance(found, Memory):
+        found = memo[MEMORY_KEY] = Memory()
+    return found
+
+
+def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    kube: Kube = memo["kube"]
+    config: Config = memo["config"]
+    try:
+        controller.reconcile(kube, body, config, memory(memo))
+    except SpecError as exc:
+        raise kopf.PermanentError(f"invalid spec: {exc}") from exc
+    except KubeError as exc:
+        if exc.permanent:
+            raise kopf.PermanentError(f"the API server refused a child: {exc}") from exc
+        raise kopf.TemporaryError(str(exc), delay=RETRY_DELAY) from exc
+    patch.status["observedGeneration"] = body.metadata.get("generation")
+
+
+def tick(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    kube: Kube = memo["kube"]
+    config: Config = memo["config"]
+    fetch = functools.partial(loadclient.fetch, timeout=config.load_timeout)
+    try:
+        result = controller.tick(kube, body, config, memory(memo), now=datetime.now(UTC), fetch=fetch)
+    except KubeError as exc:
+        logger.warning(f"cannot observe the cluster's children, trying again next tick: {exc}")
+        return
+    for event in result.events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+        logger.info(f"{event.reason}: {event.message}")
+    if result.status_patch:
+        patch.status.update(result.status_patch)

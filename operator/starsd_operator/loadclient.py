@@ -1,0 +1,55 @@
+"""Reading the draft's ``GET /v1/load``.
+
+Synchronous on purpose: kopf runs the operator's sync handlers in a thread pool, and one short request with
+a hard timeout per tick needs no event loop of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from typing import Any
+
+from . import constants as c
+from . import naming
+from .naming import Owner
+from .rebalancer import Load
+
+DEFAULT_TIMEOUT = 3.0
+MAX_BODY = 64 * 1024
+
+
+class LoadUnavailable(RuntimeError):
+    """The load could not be read or did not make sense; the message says which and why."""
+
+
+def load_url(owner: Owner, annotations: Mapping[str, Any] | None) -> str:
+    """The ``starsd.io/load-url`` annotation when set, else the draft Service's in-cluster address."""
+    url = (annotations or {}).get(c.ANNOTATION_LOAD_URL)
+    return str(url).strip() if isinstance(url, str) and url.strip() else naming.default_load_url(owner)
+
+
+def fetch(url: str, timeout: float = DEFAULT_TIMEOUT) -> Load:
+    """One reading of ``url``; raises :class:`LoadUnavailable` on any failure."""
+    if not url.startswith(("http://", "https://")):
+        raise LoadUnavailable(f"{url}: only http(s) load URLs are read")
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            body = response.read(MAX_BODY + 1)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise LoadUnavailable(f"{url}: {getattr(exc, 'reason', None) or exc}") from exc
+    if len(body) > MAX_BODY:
+        raise LoadUnavailable(f"{url}: response larger than {MAX_BODY} bytes")
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise LoadUnavailable(f"{url}: not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise LoadUnavailable(f"{url}: expected a JSON object")
+    try:
+        return Load.from_json(data)
+    except ValueError as exc:
+        raise LoadUnavailable(f"{url}: {exc}") from exc

@@ -1,0 +1,79 @@
+"""Starting the operator: kopf's settings, the handler registry and the run loop.
+
+The operator runs standalone (no peering objects: one replica, as the chart deploys it), keeps kopf's own
+bookkeeping in ``starsd.io/*`` annotations so the status holds only what the CRD declares, and posts only
+the Events it chooses (each rebalancing decision) plus kopf's warnings and errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import kopf
+
+from . import constants as c
+from . import handlers, kube
+from .controller import Config
+from .podspec import Images
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Options:
+    namespace: str | None = None  # None: every namespace
+    liveness_port: int = 8080
+    tick_interval: float = 5.0  # seconds between status refreshes and load readings of one cluster
+    load_timeout: float = 3.0
+
+
+def configure_settings(settings: kopf.OperatorSettings) -> None:
+    settings.peering.standalone = True
+    settings.persistence.finalizer = c.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.KOPF_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=c.KOPF_PREFIX, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING
+    # Watches that go quiet are re-established rather than trusted forever.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 30
+    settings.networking.request_timeout = 60
+
+
+def build_registry(options: Options) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, tick_interval=options.tick_interval)
+    return registry
+
+
+def build_settings() -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    configure_settings(settings)
+    return settings
+
+
+def run(options: Options, env: Mapping[str, str] | None = None) -> None:
+    """Run until interrupted (SIGINT/SIGTERM)."""
+    env = os.environ if env is None else env
+    kube.load_config()
+    config = Config(images=Images.from_env(env), load_timeout=options.load_timeout)
+    log.info(
+        "starsd operator: %s, draft image %s, target image %s",
+        f"namespace {options.namespace}" if options.namespace else "all namespaces",
+        config.images.draft,
+        config.images.target,
+    )
+    kopf.run(
+        registry=build_registry(options),
+        settings=build_settings(),
+        standalone=True,
+        clusterwide=options.namespace is None,
+        namespaces=[options.namespace] if options.namespace else (),
+        liveness_endpoint=f"http://0.0.0.0:{options.liveness_port}/healthz",
+        memo=kopf.Memo(kube=kube.ApiServer(), config=config),
+    )

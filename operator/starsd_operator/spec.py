@@ -1,0 +1,237 @@
+"""A ``StarSDCluster`` spec as typed, defaulted values.
+
+The API server already applies the CRD's defaults and rejects what its schema and CEL rules catch; parsing
+here repeats the defaults (a test keeps both in step) so the operator never depends on a field being present,
+and raises :class:`SpecError` with a field path for what would otherwise be a ``KeyError`` deep in a builder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# Defaults; crds/starsdcluster.yaml declares the same values (tests/operator/test_crd.py checks).
+DEFAULT_GAMMA = 4
+GAMMA_RANGE = (1, 16)
+DEFAULT_REPLICAS = 1
+DEFAULT_WEIGHT = 1
+DEFAULT_POOL_MIN = 0
+DEFAULT_POOL_MAX = 64
+DEFAULT_MIN_TARGETS = 1
+DEFAULT_MAX_TARGETS = 16
+DEFAULT_UNDERLOADED_UTILIZATION = 0.7
+DEFAULT_SATURATED_UTILIZATION = 0.9
+DEFAULT_STABILIZATION_WINDOW_SECONDS = 60
+DEFAULT_MAX_STEP = 4
+
+
+class SpecError(ValueError):
+    """A spec the operator cannot act on; the message names the field."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model lives: ``path`` is what the process is given as ``--model``.
+
+    With ``claim_name`` the PersistentVolumeClaim is mounted read-only at ``path`` (``sub_path`` selects a
+    directory inside the claim); without it the path must exist in the image.
+    """
+
+    path: str
+    claim_name: str | None = None
+    sub_path: str | None = None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Scheduling and resources of a pod: copied verbatim into the pod spec."""
+
+    resources: dict[str, Any] = field(default_factory=dict)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    model: ModelSource
+    image: str | None = None
+    placement: Placement = field(default_factory=Placement)
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    model: ModelSource
+    image: str | None = None
+    gamma: int = DEFAULT_GAMMA  # draft tokens proposed per round
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """One GPU node pool: one StatefulSet of targets."""
+
+    name: str
+    weight: int = DEFAULT_WEIGHT  # share of the total target count
+    min_replicas: int = DEFAULT_POOL_MIN
+    max_replicas: int = DEFAULT_POOL_MAX
+    placement: Placement = field(default_factory=Placement)
+
+
+@dataclass(frozen=True)
+class AutoscalingSpec:
+    enabled: bool = False
+    min_targets: int = DEFAULT_MIN_TARGETS
+    max_targets: int = DEFAULT_MAX_TARGETS
+    # Scale up only while the draft's utilisation is below this (it idles: more targets would feed it).
+    underloaded_utilization: float = DEFAULT_UNDERLOADED_UTILIZATION
+    # Scale down only while the draft's utilisation is at or above this and targets queue behind it.
+    saturated_utilization: float = DEFAULT_SATURATED_UTILIZATION
+    stabilization_window_seconds: int = DEFAULT_STABILIZATION_WINDOW_SECONDS
+    max_step: int = DEFAULT_MAX_STEP  # most targets added or removed by one decision
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    draft: DraftSpec
+    target: TargetSpec
+    replicas: int  # spec.targets.replicas: the total target count (the scale subresource)
+    pools: tuple[PoolSpec, ...]
+    autoscaling: AutoscalingSpec = field(default_factory=AutoscalingSpec)
+
+
+def parse(spec: Mapping[str, Any]) -> ClusterSpec:
+    """Parse ``spec`` (as stored, defaults applied or not) into a :class:`ClusterSpec`."""
+    draft = _mapping(spec, "draft", "spec")
+    target = _mapping(spec, "target", "spec")
+    gamma = _int(target, "gamma", "spec.target", DEFAULT_GAMMA, minimum=GAMMA_RANGE[0])
+    if gamma > GAMMA_RANGE[1]:
+        raise SpecError(f"spec.target.gamma must be in {GAMMA_RANGE[0]}..{GAMMA_RANGE[1]}, got {gamma}")
+    pools_raw = spec.get("pools") or []
+    if not isinstance(pools_raw, list) or not pools_raw:
+        raise SpecError("spec.pools must list at least one pool")
+    pools = tuple(_pool(p, f"spec.pools[{i}]") for i, p in enumerate(pools_raw))
+    names = [p.name for p in pools]
+    if len(set(names)) != len(names):
+        raise SpecError(f"spec.pools names must be unique, got {names}")
+    targets = spec.get("targets") or {}
+    return ClusterSpec(
+        draft=DraftSpec(
+            model=_model(draft, "spec.draft"),
+            image=_optional_str(draft, "image", "spec.draft"),
+            placement=_placement(draft, "spec.draft"),
+        ),
+        target=TargetSpec(
+            model=_model(target, "spec.target"),
+            image=_optional_str(target, "image", "spec.target"),
+            gamma=gamma,
+        ),
+        replicas=_int(targets, "replicas", "spec.targets", DEFAULT_REPLICAS, minimum=0),
+        pools=pools,
+        autoscaling=_autoscaling(spec.get("autoscaling") or {}),
+    )
+
+
+def _pool(raw: Any, where: str) -> PoolSpec:
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{where} must be an object")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise SpecError(f"{where}.name is required")
+    lo = _int(raw, "minReplicas", where, DEFAULT_POOL_MIN, minimum=0)
+    hi = _int(raw, "maxReplicas", where, DEFAULT_POOL_MAX, minimum=0)
+    if lo > hi:
+        raise SpecError(f"{where}: minReplicas ({lo}) must be <= maxReplicas ({hi})")
+    return PoolSpec(
+        name=name,
+        weight=_int(raw, "weight", where, DEFAULT_WEIGHT, minimum=0),
+        min_replicas=lo,
+        max_replicas=hi,
+        placement=_placement(raw, where),
+    )
+
+
+def _autoscaling(raw: Mapping[str, Any]) -> AutoscalingSpec:
+    where = "spec.autoscaling"
+    lo = _int(raw, "minTargets", where, DEFAULT_MIN_TARGETS, minimum=0)
+    hi = _int(raw, "maxTargets", where, DEFAULT_MAX_TARGETS, minimum=0)
+    if lo > hi:
+        raise SpecError(f"{where}: minTargets ({lo}) must be <= maxTargets ({hi})")
+    up = _fraction(raw, "underloadedUtilization", where, DEFAULT_UNDERLOADED_UTILIZATION)
+    down = _fraction(raw, "saturatedUtilization", where, DEFAULT_SATURATED_UTILIZATION)
+    if up >= down:
+        raise SpecError(f"{where}: underloadedUtilization ({up}) must be < saturatedUtilization ({down})")
+    enabled = raw.get("enabled", False)
+    if not isinstance(enabled, bool):
+        raise SpecError(f"{where}.enabled must be a boolean")
+    return AutoscalingSpec(
+        enabled=enabled,
+        min_targets=lo,
+        max_targets=hi,
+        underloaded_utilization=up,
+        saturated_utilization=down,
+        stabilization_window_seconds=_int(
+            raw, "stabilizationWindowSeconds", where, DEFAULT_STABILIZATION_WINDOW_SECONDS, minimum=0
+        ),
+        max_step=_int(raw, "maxStep", where, DEFAULT_MAX_STEP, minimum=1),
+    )
+
+
+def _model(parent: Mapping[str, Any], where: str) -> ModelSource:
+    raw = _mapping(parent, "model", where)
+    path = raw.get("path")
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise SpecError(f"{where}.model.path must be an absolute path, got {path!r}")
+    claim = _optional_str(raw, "claimName", f"{where}.model")
+    sub_path = _optional_str(raw, "subPath", f"{where}.model")
+    if sub_path is not None and claim is None:
+        raise SpecError(f"{where}.model.subPath needs claimName")
+    return ModelSource(path=path, claim_name=claim, sub_path=sub_path)
+
+
+def _placement(parent: Mapping[str, Any], where: str) -> Placement:
+    resources = parent.get("resources") or {}
+    node_selector = parent.get("nodeSelector") or {}
+    tolerations = parent.get("tolerations") or []
+    if not isinstance(resources, Mapping):
+        raise SpecError(f"{where}.resources must be an object")
+    if not isinstance(node_selector, Mapping) or not all(isinstance(v, str) for v in node_selector.values()):
+        raise SpecError(f"{where}.nodeSelector must map label keys to strings")
+    if not isinstance(tolerations, list) or not all(isinstance(t, Mapping) for t in tolerations):
+        raise SpecError(f"{where}.tolerations must be a list of objects")
+    return Placement(
+        resources={k: dict(v) for k, v in resources.items() if isinstance(v, Mapping)},
+        node_selector=dict(node_selector),
+        tolerations=[dict(t) for t in tolerations],
+    )
+
+
+def _mapping(parent: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
+    value = parent.get(key)
+    if not isinstance(value, Mapping):
+        raise SpecError(f"{where}.{key} is required")
+    return value
+
+
+def _optional_str(parent: Mapping[str, Any], key: str, where: str) -> str | None:
+    value = parent.get(key)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise SpecError(f"{where}.{key} must be a string")
+    return value
+
+
+def _int(parent: Mapping[str, Any], key: str, where: str, default: int, *, minimum: int) -> int:
+    value = parent.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"{where}.{key} must be an integer, got {value!r}")
+    if value < minimum:
+        raise SpecError(f"{where}.{key} must be >= {minimum}, got {value}")
+    return value
+
+
+def _fraction(parent: Mapping[str, Any], key: str, where: str, default: float) -> float:
+    value = parent.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+        raise SpecError(f"{where}.{key} must be a number in [0, 1], got {value!r}")
+    return float(value)

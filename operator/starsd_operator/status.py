@@ -1,0 +1,233 @@
+"""A cluster's ``status``, aggregated from its children and the draft's load.
+
+:func:`build` returns the status the operator owns as a plain dict; :func:`merge_patch` turns the change
+from the stored status into the smallest JSON merge patch, so an unchanged cluster is not written at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from . import constants as c
+from . import diagnose, naming, pools
+from .conditions import Condition, render, timestamp
+from .naming import Owner
+from .rebalancer import NOT_CONVERGED, Decision, Load
+from .spec import ClusterSpec
+
+
+@dataclass(frozen=True)
+class Children:
+    """What the API server holds for one cluster (plain dicts, as listed)."""
+
+    deployments: Sequence[Mapping[str, Any]] = ()
+    statefulsets: Sequence[Mapping[str, Any]] = ()
+    pods: Sequence[Mapping[str, Any]] = ()
+
+    def named(self, kind: str, name: str) -> Mapping[str, Any] | None:
+        items = self.deployments if kind == "Deployment" else self.statefulsets
+        return next((o for o in items if (o.get("metadata") or {}).get("name") == name), None)
+
+    def pods_of(self, component: str, pool: str | None = None) -> list[Mapping[str, Any]]:
+        def matches(pod: Mapping[str, Any]) -> bool:
+            labels = (pod.get("metadata") or {}).get("labels") or {}
+            return labels.get(c.LABEL_COMPONENT) == component and (pool is None or labels.get(c.LABEL_POOL) == pool)
+
+        return [p for p in self.pods if matches(p)]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything one status computation looks at."""
+
+    owner: Owner
+    generation: int
+    spec: ClusterSpec | None  # None when the spec could not be parsed
+    children: Children = field(default_factory=Children)
+    spec_error: str | None = None
+    reconcile_error: str | None = None
+    load: Load | None = None
+    load_error: str | None = None
+    decision: Decision | None = None
+
+
+@dataclass(frozen=True)
+class TargetCounts:
+    replicas: int
+    ready: int
+    desired: int
+
+
+def target_counts(owner: Owner, spec: ClusterSpec, children: Children) -> TargetCounts:
+    """Existing, ready and desired targets summed over the pools' StatefulSets."""
+    split = pools.split(spec.replicas, spec.pools)
+    replicas = ready = 0
+    for pool in spec.pools:
+        sts = children.named("StatefulSet", naming.pool_name(owner, pool.name))
+        status = (sts or {}).get("status") or {}
+        replicas += int(status.get("replicas") or 0)
+        ready += int(status.get("readyReplicas") or 0)
+    return TargetCounts(replicas=replicas, ready=ready, desired=sum(split.values()))
+
+
+def build(obs: Observation, previous: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    """The full status the operator owns, from ``obs``; ``previous`` is the stored status."""
+    owner = obs.owner
+    out: dict[str, Any] = {
+        "observedGeneration": previous.get("observedGeneration"),
+        "selector": naming.status_selector(owner),
+        "lastRebalance": previous.get("lastRebalance"),
+    }
+    draft_cond = Condition(c.COND_DRAFT_READY, False, "InvalidSpec", obs.spec_error or "")
+    targets_cond = Condition(c.COND_TARGETS_READY, False, "InvalidSpec", obs.spec_error or "")
+    if obs.spec is not None:
+        draft_cond, out["draft"] = _draft(obs)
+        targets_cond, out["targets"] = _targets(owner, obs.spec, obs.children)
+    if obs.load is not None:
+        out["recommendedTargets"] = obs.load.optimal_targets()
+    if obs.decision is not None and obs.decision.changed:
+        out["lastRebalance"] = {
+            "time": timestamp(now),
+            "from": obs.decision.previous,
+            "to": obs.decision.replicas,
+            "reason": obs.decision.reason,
+            "message": obs.decision.message,
+        }
+    wanted = [
+        _ready(obs, previous, draft_cond, targets_cond),
+        draft_cond,
+        targets_cond,
+        _rebalancing(obs, out.get("lastRebalance")),
+    ]
+    generation = obs.generation if obs.spec is not None else None
+    out["conditions"] = render(wanted, previous.get("conditions"), generation=generation, now=now)
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The RFC 7386 merge patch that turns ``old`` into ``new`` (``None`` deletes; lists are replaced)."""
+    patch: dict[str, Any] = {}
+    for key in old:
+        if key not in new:
+            patch[key] = None
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            sub = merge_patch(before, value)
+            if sub:
+                patch[key] = sub
+        elif before != value:
+            patch[key] = value
+    return patch
+
+
+def _draft(obs: Observation) -> tuple[Condition, dict[str, Any]]:
+    owner = obs.owner
+    name = naming.draft_name(owner)
+    deployment = obs.children.named("Deployment", name)
+    progress = diagnose.rollout(deployment, desired=1)
+    problem = diagnose.first_problem(obs.children.pods_of(c.COMPONENT_DRAFT), [deployment])
+    if not progress.exists:
+        cond = Condition(c.COND_DRAFT_READY, False, "NotCreated", f"deployment {name} does not exist yet")
+    elif progress.complete:
+        cond = Condition(c.COND_DRAFT_READY, True, "Available", f"draft {name} is ready")
+    elif problem is not None:
+        cond = Condition(c.COND_DRAFT_READY, False, problem.reason, problem.message)
+    else:
+        cond = Condition(
+            c.COND_DRAFT_READY,
+            False,
+            "Progressing",
+            f"draft {name}: {progress.ready} of 1 ready, {progress.updated} up to date",
+        )
+    draft: dict[str, Any] = {"ready": cond.ok, "endpoint": naming.draft_endpoint(owner)}
+    if obs.load is not None:
+        draft.update(
+            utilization=round(obs.load.utilization, 2),
+            regime=obs.load.regime or None,
+            queueDepth=round(obs.load.queue_depth, 2),
+            activeSessions=obs.load.active_sessions,
+            connectedTargets=obs.load.targets,
+        )
+    return cond, {k: v for k, v in draft.items() if v is not None}
+
+
+def _targets(owner: Owner, spec: ClusterSpec, children: Children) -> tuple[Condition, dict[str, Any]]:
+    split = pools.split(spec.replicas, spec.pools)
+    pool_status: list[dict[str, Any]] = []
+    missing: list[str] = []
+    complete = True
+    for pool in spec.pools:
+        sts_name = naming.pool_name(owner, pool.name)
+        sts = children.named("StatefulSet", sts_name)
+        progress = diagnose.rollout(sts, desired=split[pool.name])
+        if not progress.exists:
+            missing.append(sts_name)
+        complete = complete and progress.complete
+        pool_status.append(
+            {
+                "name": pool.name,
+                "replicas": progress.replicas,
+                "readyReplicas": progress.ready,
+                "desiredReplicas": split[pool.name],
+            }
+        )
+    counts = target_counts(owner, spec, children)
+    summary: dict[str, Any] = {
+        "replicas": counts.replicas,
+        "readyReplicas": counts.ready,
+        "desiredReplicas": counts.desired,
+        "pools": pool_status,
+    }
+    capped = "" if counts.desired == spec.replicas else f" (pool bounds cap {spec.replicas} at {counts.desired})"
+    problem = diagnose.first_problem(children.pods_of(c.COMPONENT_TARGET))
+    if missing:
+        cond = Condition(
+            c.COND_TARGETS_READY, False, "NotCreated", f"statefulsets {', '.join(missing)} do not exist yet"
+        )
+    elif complete:
+        cond = Condition(
+            c.COND_TARGETS_READY, True, "AllReplicasReady", f"{counts.ready} of {counts.desired} targets ready{capped}"
+        )
+    elif problem is not None:
+        cond = Condition(c.COND_TARGETS_READY, False, problem.reason, problem.message)
+    else:
+        cond = Condition(
+            c.COND_TARGETS_READY,
+            False,
+            "Progressing",
+            f"{counts.ready} of {counts.desired} targets ready{capped}",
+        )
+    return cond, summary
+
+
+def _ready(obs: Observation, previous: Mapping[str, Any], draft: Condition, targets: Condition) -> Condition:
+    if obs.spec_error is not None:
+        return Condition(c.COND_READY, False, "InvalidSpec", obs.spec_error)
+    if obs.reconcile_error is not None:
+        return Condition(c.COND_READY, False, "ReconcileFailed", obs.reconcile_error)
+    if previous.get("observedGeneration") != obs.generation:
+        return Condition(c.COND_READY, False, "Reconciling", f"applying generation {obs.generation}")
+    if not draft.ok:
+        return Condition(c.COND_READY, False, draft.reason, f"draft: {draft.message}")
+    if not targets.ok:
+        return Condition(c.COND_READY, False, targets.reason, f"targets: {targets.message}")
+    return Condition(c.COND_READY, True, "Ready", f"draft ready; {targets.message}")
+
+
+def _rebalancing(obs: Observation, last: Mapping[str, Any] | None) -> Condition:
+    decision = obs.decision
+    if obs.spec is None or not obs.spec.autoscaling.enabled:
+        return Condition(c.COND_REBALANCING, False, "Disabled", "autoscaling is disabled")
+    if decision is not None and decision.changed:
+        return Condition(c.COND_REBALANCING, True, decision.reason, decision.message)
+    if decision is not None and decision.reason == NOT_CONVERGED and last and last.get("to") == obs.spec.replicas:
+        return Condition(c.COND_REBALANCING, True, "Converging", decision.message)
+    if obs.load_error is not None:
+        return Condition(c.COND_REBALANCING, False, "LoadUnavailable", obs.load_error)
+    if decision is None:
+        return Condition(c.COND_REBALANCING, False, "Waiting", "no decision yet")
+    return Condition(c.COND_REBALANCING, False, decision.reason, decision.message)

@@ -1,0 +1,97 @@
+"""The targets: one StatefulSet and headless Service per node pool, one client Service over all of them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import constants as c
+from . import naming, podspec
+from .naming import Owner
+from .spec import ClusterSpec, PoolSpec
+
+
+def statefulset(
+    owner: Owner, spec: ClusterSpec, pool: PoolSpec, replicas: int, images: podspec.Images
+) -> dict[str, Any]:
+    """The pool's targets; ``replicas`` is the pool's share of the total (see :mod:`.pools`)."""
+    target = spec.target
+    name = naming.pool_name(owner, pool.name)
+    container = podspec.container(
+        name=c.COMPONENT_TARGET,
+        image=target.image or images.target,
+        command=[
+            "starsd",
+            "target",
+            "--model",
+            target.model.path,
+            "--draft",
+            naming.draft_endpoint(owner),
+            "--port",
+            str(c.TARGET_HTTP_PORT),
+            "--gamma",
+            str(target.gamma),
+            # Kubernetes expands $(POD_NAME) from the container's env: each target's id is its pod name.
+            "--id",
+            "$(POD_NAME)",
+        ],
+        ports=[{"name": "http", "containerPort": c.TARGET_HTTP_PORT, "protocol": "TCP"}],
+        probe_port="http",
+        model=target.model,
+        resources=pool.placement.resources,
+        extra_env=[{"name": "STARSD_POOL", "value": pool.name}],
+    )
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": naming.metadata(owner, name, c.COMPONENT_TARGET, pool.name),
+        "spec": {
+            "replicas": replicas,
+            "serviceName": name,
+            # Targets are independent of each other: start and stop them all at once.
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "RollingUpdate"},
+            "revisionHistoryLimit": 5,
+            "selector": {"matchLabels": naming.selector_labels(owner, c.COMPONENT_TARGET, pool.name)},
+            "template": {
+                "metadata": {"labels": naming.labels(owner, c.COMPONENT_TARGET, pool.name)},
+                "spec": podspec.pod_spec(container_spec=container, model=target.model, placement=pool.placement),
+            },
+        },
+    }
+
+
+def headless_service(owner: Owner, pool: PoolSpec) -> dict[str, Any]:
+    """The StatefulSet's governing Service: a stable DNS name per target pod."""
+    name = naming.pool_name(owner, pool.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": naming.metadata(owner, name, c.COMPONENT_TARGET, pool.name),
+        "spec": {
+            "clusterIP": "None",
+            "selector": naming.selector_labels(owner, c.COMPONENT_TARGET, pool.name),
+            "ports": [{"name": "http", "port": c.TARGET_HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def client_service(owner: Owner) -> dict[str, Any]:
+    """What clients call (the OpenAI API): every ready target of every pool."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": naming.metadata(owner, naming.client_service_name(owner), c.COMPONENT_TARGET),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": naming.selector_labels(owner, c.COMPONENT_TARGET),
+            "ports": [
+                {
+                    "name": "http",
+                    "port": c.TARGET_HTTP_PORT,
+                    "targetPort": "http",
+                    "protocol": "TCP",
+                    "appProtocol": "http",
+                }
+            ],
+        },
+    }
