@@ -141,6 +141,17 @@ class Proposal:
     q_probs: list[list[float]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class DraftRequest:
+    """One session's share of a batched drafting step."""
+
+    state: DraftSessionState
+    new_tokens: list[int]
+    gamma: int
+    params: SamplingParams
+    top_k: int
+
+
 @dataclass
 class DraftSessionState:
     """The draft's private state for one target session."""
@@ -168,6 +179,34 @@ class DraftRunner:
             gen = torch.Generator().manual_seed(int(seed))
         return DraftSessionState(cache=_new_cache(), generator=gen)
 
+    def _sync(self, state: DraftSessionState, new_tokens: list[int], gamma: int) -> tuple[list[int], int]:
+        """Append the newly committed tokens, crop rejected proposals from the cache; return (feed, gamma)."""
+        state.committed.extend(new_tokens)
+        committed = state.committed
+        gamma = max(0, min(gamma, self.loaded.max_context - len(committed)))
+        if gamma == 0 or not committed:
+            return [], 0
+        # Keep the cached prefix that agrees with the committed text; at least one token must be fed.
+        keep = min(_common_prefix(state.cached, committed), len(committed) - 1)
+        if keep < len(state.cached):
+            state.cache.crop(keep)
+            del state.cached[keep:]
+        return committed[keep:], gamma
+
+    def _choose(
+        self, logits: torch.Tensor, params: SamplingParams, top_k: int, state: DraftSessionState, out: Proposal
+    ) -> int:
+        """Pick the next proposed token from ``logits [V]`` and record it (and its distribution) in ``out``."""
+        if params.greedy:
+            d = int(logits.argmax())
+        else:
+            ids, q = truncate_top_k(logits_to_probs(logits, params), top_k)
+            d = int(ids[sample(q, state.generator)])
+            out.q_ids.append(ids.tolist())
+            out.q_probs.append(q.tolist())
+        out.token_ids.append(d)
+        return d
+
     def propose(
         self,
         state: DraftSessionState,
@@ -177,33 +216,108 @@ class DraftRunner:
         top_k: int,
     ) -> Proposal:
         """Append ``new_tokens`` to the session's committed text and propose up to ``gamma`` tokens."""
-        state.committed.extend(new_tokens)
-        committed = state.committed
-        gamma = max(0, min(gamma, self.loaded.max_context - len(committed)))
-        if gamma == 0 or not committed:
-            return Proposal(token_ids=[])
+        proposal = Proposal(token_ids=[])
         with self._lock, torch.inference_mode():
-            # Keep the cached prefix that agrees with the committed text; at least one token must be fed.
-            keep = min(_common_prefix(state.cached, committed), len(committed) - 1)
-            if keep < len(state.cached):
-                state.cache.crop(keep)
-                del state.cached[keep:]
-            feed = committed[keep:]
-            proposal = Proposal(token_ids=[])
+            feed, gamma = self._sync(state, new_tokens, gamma)
             for step in range(gamma):
                 logits = _forward(self.loaded.model, feed, state.cache)[-1]  # [V]
                 state.cached.extend(feed)
-                if params.greedy:
-                    d = int(logits.argmax())
-                else:
-                    ids, q = truncate_top_k(logits_to_probs(logits, params), top_k)
-                    d = int(ids[sample(q, state.generator)])
-                    proposal.q_ids.append(ids.tolist())
-                    proposal.q_probs.append(q.tolist())
-                proposal.token_ids.append(d)
+                d = self._choose(logits, params, top_k, state, proposal)
                 if step + 1 < gamma:
                     feed = [d]
-            return proposal
+        return proposal
+
+    def propose_batch(self, requests: list[DraftRequest]) -> list[Proposal]:
+        """Propose for several sessions with one forward pass per step (the sessions' caches stay apart).
+
+        Each session's cache is left-padded to a common length and its new tokens right-padded to a common
+        width; an attention mask hides the padding and explicit position ids keep every row at its own
+        positions. After the last step each row's new keys and values go back into its own session's cache.
+        """
+        if len(requests) == 1:
+            r = requests[0]
+            return [self.propose(r.state, r.new_tokens, r.gamma, r.params, r.top_k)]
+        proposals = [Proposal(token_ids=[]) for _ in requests]
+        with self._lock, torch.inference_mode():
+            rows: list[tuple[int, list[int], int]] = []  # (request index, feed, gamma)
+            for i, r in enumerate(requests):
+                feed, gamma = self._sync(r.state, r.new_tokens, r.gamma)
+                if gamma:
+                    rows.append((i, feed, gamma))
+            if rows:
+                self._batched_steps(requests, rows, proposals)
+        return proposals
+
+    def _batched_steps(
+        self, requests: list[DraftRequest], rows: list[tuple[int, list[int], int]], proposals: list[Proposal]
+    ) -> None:
+        from transformers import DynamicCache
+
+        states = [requests[i].state for i, _, _ in rows]
+        cached = [len(s.cached) for s in states]
+        widths = [len(feed) for _, feed, _ in rows]
+        past, width, steps = max(cached), max(widths), max(g for _, _, g in rows)
+        batch = len(rows)
+        # Past keys/values [B, H, past, D], left-padded; sessions with no cache yet contribute zeros.
+        layers = self.loaded.model.config.num_hidden_layers
+        template = next((s.cache for s in states if s.cached), None)
+        legacy = []
+        for layer in range(layers):
+            ks, vs = [], []
+            for s, n in zip(states, cached, strict=True):
+                if template is None:
+                    break
+                ref_k = template.layers[layer].keys
+                k = s.cache.layers[layer].keys if n else ref_k[:, :, :0]
+                v = s.cache.layers[layer].values if n else ref_k[:, :, :0]
+                pad = past - n
+                ks.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
+                vs.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
+            if ks:
+                legacy.append((torch.cat(ks), torch.cat(vs)))
+        cache = DynamicCache(legacy) if legacy else DynamicCache()
+        mask = torch.zeros(batch, past + width, dtype=torch.long)  # [B, past + width]
+        input_ids = torch.zeros(batch, width, dtype=torch.long)  # [B, width]
+        positions = torch.zeros(batch, width, dtype=torch.long)
+        for b, ((_, feed, _), n) in enumerate(zip(rows, cached, strict=True)):
+            mask[b, past - n : past] = 1
+            mask[b, past : past + len(feed)] = 1
+            input_ids[b, : len(feed)] = torch.tensor(feed)
+            positions[b] = n + torch.arange(width)
+        model = self.loaded.model
+        logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache).logits
+        last = torch.tensor([w - 1 for w in widths])
+        next_logits = logits[torch.arange(batch), last]  # [B, V]
+        for step in range(steps):
+            chosen = []
+            for b, (i, _, gamma) in enumerate(rows):
+                r = requests[i]
+                if step < gamma:
+                    chosen.append(self._choose(next_logits[b], r.params, r.top_k, r.state, proposals[i]))
+                else:
+                    chosen.append(0)
+            if step + 1 == steps:
+                break
+            mask = torch.cat([mask, torch.ones(batch, 1, dtype=torch.long)], dim=1)
+            step_positions = torch.tensor([[n + w + step] for n, w in zip(cached, widths, strict=True)])
+            out = model(
+                input_ids=torch.tensor(chosen).unsqueeze(1),
+                attention_mask=mask,
+                position_ids=step_positions,
+                past_key_values=cache,
+            )
+            next_logits = out.logits[:, -1]
+        # Hand each row's new keys/values back to its own session: its feed, then the tokens it fed.
+        for b, ((i, feed, gamma), s) in enumerate(zip(rows, states, strict=True)):
+            fed_steps = gamma - 1  # the last proposal is never fed
+            cols = list(range(past, past + len(feed))) + [past + width + t for t in range(fed_steps)]
+            index = torch.tensor(cols)
+            for layer in range(layers):
+                k = cache.layers[layer].keys[b : b + 1, :, index]
+                v = cache.layers[layer].values[b : b + 1, :, index]
+                s.cache.update(k, v, layer)
+            s.cached.extend(feed)
+            s.cached.extend(proposals[i].token_ids[:fed_steps])
 
 
 @dataclass

@@ -105,3 +105,33 @@ def test_the_draft_never_proposes_past_its_context(random_pair: tuple[Path, Path
     near_end = [1] * (draft.max_context - 2)
     with torch.inference_mode():
         assert len(proposer.propose(state, near_end, 8, GREEDY, 8).token_ids) == 2
+
+
+def test_batched_drafting_matches_drafting_one_session_at_a_time(random_pair: tuple[Path, Path]) -> None:
+    """Padding and masks keep sessions apart: same tokens and the same proposal distributions."""
+    from starsd.runners import DraftRequest
+
+    draft = load_checkpoint(random_pair[0])
+    proposer = DraftRunner(draft)
+    params = SamplingParams(temperature=1.0)
+    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16, 17], [1]]
+    gammas = [4, 2, 3, 4]
+    alone = [proposer.new_state(seed=i) for i in range(4)]
+    batched = [proposer.new_state(seed=i) for i in range(4)]
+    gen = torch.Generator().manual_seed(0)
+    new = prompts
+    for _ in range(4):
+        one = [proposer.propose(s, t, g, params, 6) for s, t, g in zip(alone, new, gammas, strict=True)]
+        many = proposer.propose_batch(
+            [DraftRequest(s, t, g, params, 6) for s, t, g in zip(batched, new, gammas, strict=True)]
+        )
+        for a, b in zip(one, many, strict=True):
+            assert a.token_ids == b.token_ids
+            assert a.q_ids == b.q_ids
+            assert torch.allclose(torch.tensor(a.q_probs), torch.tensor(b.q_probs), atol=1e-4)
+        # The targets accept a random prefix and add a token of their own: caches must crop correctly.
+        new = []
+        for a in one:
+            keep = int(torch.randint(0, len(a.token_ids) + 1, (), generator=gen))
+            new.append([*a.token_ids[:keep], int(torch.randint(0, draft.vocab_size, (), generator=gen))])
+    assert [s.committed for s in alone] == [s.committed for s in batched]

@@ -7,19 +7,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from starsd.runners import DraftRunner, LoadedModel, Proposal
-from starsd.sampling import SamplingParams
+from starsd.runners import DraftRequest, DraftRunner, LoadedModel, Proposal
 
 
-@dataclass(frozen=True)
-class ProposalRequest:
-    """One request's work, as the compute thread sees it."""
-
-    state: Any  # the proposer's per-session state
-    new_tokens: list[int]
-    gamma: int
-    params: SamplingParams
-    top_k: int
+# One request's work, as the compute thread sees it (state: the proposer's per-session state).
+ProposalRequest = DraftRequest
 
 
 @dataclass(frozen=True)
@@ -49,7 +41,7 @@ class ModelProposer:
         return self.runner.new_state(seed)
 
     def propose_batch(self, batch: list[ProposalRequest]) -> list[Proposal]:
-        return [self.runner.propose(r.state, r.new_tokens, r.gamma, r.params, r.top_k) for r in batch]
+        return self.runner.propose_batch(batch)
 
 
 def parse_batch_curve(text: str) -> dict[int, float]:
@@ -60,9 +52,7 @@ def parse_batch_curve(text: str) -> dict[int, float]:
         try:
             b, s = int(size), float(seconds)
         except ValueError:
-            raise ValueError(
-                f"bad batch-curve entry {part!r}: expected BATCH:SECONDS, e.g. 8:0.006"
-            ) from None
+            raise ValueError(f"bad batch-curve entry {part!r}: expected BATCH:SECONDS, e.g. 8:0.006") from None
         if b < 1 or s < 0:
             raise ValueError(f"bad batch-curve entry {part!r}: batch >= 1 and seconds >= 0")
         curve[b] = s
@@ -93,9 +83,7 @@ class EmulatedProposer:
     Proposes token id ``i % vocab_size`` at position i: emulated targets draw acceptance themselves.
     """
 
-    def __init__(
-        self, service_time: float, vocab_size: int = 32000, batch_curve: dict[int, float] | None = None
-    ):
+    def __init__(self, service_time: float, vocab_size: int = 32000, batch_curve: dict[int, float] | None = None):
         if service_time < 0:
             raise ValueError("the emulated service time must be >= 0")
         self.curve = batch_curve or {1: service_time}
