@@ -9,7 +9,6 @@ from typing import Any, Protocol
 
 from starsd.runners import DraftRequest, DraftRunner, LoadedModel, Proposal
 
-
 # One request's work, as the compute thread sees it (state: the proposer's per-session state).
 ProposalRequest = DraftRequest
 
