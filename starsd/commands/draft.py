@@ -11,9 +11,7 @@ from starsd.commands._common import fail
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, help="local Hugging Face checkpoint of the draft model")
-    parser.add_argument(
-        "--port", type=int, default=50051, help="gRPC port (default 50051; 0 picks a free one)"
-    )
+    parser.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051; 0 picks a free one)")
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     parser.add_argument(
         "--metrics-port",
@@ -21,9 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=9090,
         help="HTTP port for /v1/load, /metrics, /healthz (default 9090)",
     )
-    parser.add_argument(
-        "--max-batch", type=int, default=1, help="requests drafted together per step (default 1)"
-    )
+    parser.add_argument("--max-batch", type=int, default=1, help="requests drafted together per step (default 1)")
     parser.add_argument(
         "--schedule",
         choices=("fifo", "fair"),
@@ -38,9 +34,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="seconds before an idle session is freed (default 300)",
     )
     parser.add_argument("--max-gamma", type=int, default=16, help="largest gamma accepted (default 16)")
-    parser.add_argument(
-        "--threads", type=int, default=None, help="torch threads (default: $STARSD_TORCH_THREADS or 1)"
-    )
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: $STARSD_TORCH_THREADS or 1)")
     parser.add_argument("--tls-cert", type=Path, help="PEM certificate: serve gRPC over TLS (with --tls-key)")
     parser.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
     emu = parser.add_argument_group("emulation (benchmarks: no model, a fixed service time)")

@@ -15,21 +15,15 @@ log = logging.getLogger("starsd.target")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model", type=Path, required=True, help="local Hugging Face checkpoint of the target"
-    )
+    parser.add_argument("--model", type=Path, required=True, help="local Hugging Face checkpoint of the target")
     parser.add_argument(
         "--draft", default="", metavar="HOST:PORT", help="the draft server; empty: decode alone (target-only)"
     )
     parser.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     parser.add_argument("--gamma", type=int, default=4, help="tokens drafted per round, 1..16 (default 4)")
-    parser.add_argument(
-        "--id", default=socket.gethostname(), help="this target's id on the draft (default: hostname)"
-    )
-    parser.add_argument(
-        "--served-model-name", help="the model name clients send (default: the checkpoint's name)"
-    )
+    parser.add_argument("--id", default=socket.gethostname(), help="this target's id on the draft (default: hostname)")
+    parser.add_argument("--served-model-name", help="the model name clients send (default: the checkpoint's name)")
     parser.add_argument(
         "--draft-timeout",
         type=float,
@@ -44,13 +38,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-concurrency", type=int, default=64, help="completions at once; more get 429")
     parser.add_argument("--max-tokens-cap", type=int, default=4096, help="largest max_tokens accepted")
-    parser.add_argument(
-        "--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)"
-    )
+    parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
     parser.add_argument("--top-k", type=int, default=8, help="support of sampled proposals (default 8)")
-    parser.add_argument(
-        "--threads", type=int, default=None, help="torch threads (default: $STARSD_TORCH_THREADS or 1)"
-    )
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: $STARSD_TORCH_THREADS or 1)")
     parser.add_argument("--draft-tls-ca", type=Path, help="PEM CA bundle: reach the draft over TLS")
 
 
@@ -92,9 +82,7 @@ async def _serve(args: argparse.Namespace, loaded: object) -> int:
         options = DraftClientOptions(deadline=args.draft_timeout, top_k=args.top_k, tls_ca=args.draft_tls_ca)
         client = DraftClient(args.draft, args.id, loaded.fingerprint, loaded.vocab_size, options)
         try:
-            check_draft_info(
-                await client.fetch_info(args.draft_check_timeout), loaded.fingerprint, loaded.vocab_size
-            )
+            check_draft_info(await client.fetch_info(args.draft_check_timeout), loaded.fingerprint, loaded.vocab_size)
         except VocabularyMismatch as exc:
             return fail(str(exc))
         except grpc.aio.AioRpcError as exc:

@@ -149,9 +149,7 @@ class DraftCore:
         if not req.target_id:
             raise StreamAborted("target_id is required on every message")
         if stream.target_id and req.target_id != stream.target_id:
-            raise StreamAborted(
-                f"target_id changed on one stream ({stream.target_id!r} -> {req.target_id!r})"
-            )
+            raise StreamAborted(f"target_id changed on one stream ({stream.target_id!r} -> {req.target_id!r})")
         stream.target_id = req.target_id
         key = (req.target_id, int(req.session_id))
         try:

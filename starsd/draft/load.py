@@ -57,9 +57,7 @@ class LoadTracker:
                 self._service.append((end, per_request))
             self.busy_seconds_total += end - start
 
-    def record_request(
-        self, session_key: object, verify_seconds: float, transfer_seconds: float | None
-    ) -> None:
+    def record_request(self, session_key: object, verify_seconds: float, transfer_seconds: float | None) -> None:
         now = self._clock()
         with self._lock:
             self._last_request[session_key] = now

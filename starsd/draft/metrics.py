@@ -9,13 +9,9 @@ class DraftMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.busy_seconds = Counter(
-            "starsd_draft_busy_seconds", "Seconds the draft spent computing", registry=r
-        )
+        self.busy_seconds = Counter("starsd_draft_busy_seconds", "Seconds the draft spent computing", registry=r)
         self.requests = Counter("starsd_draft_requests", "Proposal requests answered", registry=r)
-        self.draft_tokens = Counter(
-            "starsd_spec_decode_num_draft_tokens", "Tokens proposed by the draft", registry=r
-        )
+        self.draft_tokens = Counter("starsd_spec_decode_num_draft_tokens", "Tokens proposed by the draft", registry=r)
         self.errors = Counter("starsd_draft_errors", "Requests answered with an error", ["code"], registry=r)
         self.sessions = Gauge("starsd_draft_sessions", "Open draft sessions", registry=r)
         self.targets = Gauge("starsd_draft_connected_targets", "Connected target streams", registry=r)

@@ -44,9 +44,7 @@ def build_metrics_app(core: DraftCore) -> web.Application:
         return web.json_response(snap.to_json())
 
     async def metrics(_: web.Request) -> web.Response:
-        return web.Response(
-            body=generate_latest(core.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
+        return web.Response(body=generate_latest(core.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()
     app.router.add_get("/healthz", healthz)

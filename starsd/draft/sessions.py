@@ -52,9 +52,7 @@ class SessionStore:
         session = self._sessions.get(key)
         if seq == 1:
             if session is not None:
-                raise SessionError(
-                    grpc.StatusCode.INVALID_ARGUMENT, f"session {key[1]} already started (seq 1 again)"
-                )
+                raise SessionError(grpc.StatusCode.INVALID_ARGUMENT, f"session {key[1]} already started (seq 1 again)")
             if len(self._sessions) >= self.max_sessions:
                 raise SessionError(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -68,9 +66,7 @@ class SessionStore:
                 f"unknown session {key[1]} (released or expired): start again at seq 1",
             )
         if session.owner is not owner:
-            raise SessionError(
-                grpc.StatusCode.INVALID_ARGUMENT, f"session {key[1]} belongs to another stream"
-            )
+            raise SessionError(grpc.StatusCode.INVALID_ARGUMENT, f"session {key[1]} belongs to another stream")
         if seq != session.next_seq:
             raise SessionError(
                 grpc.StatusCode.INVALID_ARGUMENT,

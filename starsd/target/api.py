@@ -12,9 +12,7 @@ from typing import Any
 
 
 class RequestError(Exception):
-    def __init__(
-        self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None
-    ) -> None:
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
@@ -111,9 +109,7 @@ def parse_completion(body: Any, limits: Limits, served_models: tuple[str, ...]) 
     if max_tokens_raw is None:
         max_tokens_raw = 16
     if not _is_int(max_tokens_raw):
-        raise RequestError(
-            f"'max_tokens' must be an integer, got {type(max_tokens_raw).__name__}", param="max_tokens"
-        )
+        raise RequestError(f"'max_tokens' must be an integer, got {type(max_tokens_raw).__name__}", param="max_tokens")
     if max_tokens_raw < 1:
         raise RequestError(f"'max_tokens' must be at least 1, got {max_tokens_raw}", param="max_tokens")
     if max_tokens_raw > limits.max_tokens_cap:
@@ -163,24 +159,18 @@ def _parse_prompt(prompt: Any, limits: Limits) -> str | list[int]:
         if not prompt:
             raise RequestError("'prompt' must not be empty", param="prompt")
         if len(prompt) > limits.max_prompt_chars:
-            raise RequestError(
-                f"'prompt' is longer than {limits.max_prompt_chars} characters", param="prompt"
-            )
+            raise RequestError(f"'prompt' is longer than {limits.max_prompt_chars} characters", param="prompt")
         return prompt
     if isinstance(prompt, list):
         if not prompt:
             raise RequestError("'prompt' must not be empty", param="prompt")
         if all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt):
-            raise RequestError(
-                "batched prompts are not supported: send one prompt per request", param="prompt"
-            )
+            raise RequestError("batched prompts are not supported: send one prompt per request", param="prompt")
         if not all(_is_int(t) for t in prompt):
             raise RequestError("a token-list 'prompt' must hold integers only", param="prompt")
         bad = [t for t in prompt if not 0 <= t < limits.vocab_size]
         if bad:
-            raise RequestError(
-                f"prompt token ids must be in 0..{limits.vocab_size - 1}; got {bad[:5]}", param="prompt"
-            )
+            raise RequestError(f"prompt token ids must be in 0..{limits.vocab_size - 1}; got {bad[:5]}", param="prompt")
         return list(prompt)
     raise RequestError("'prompt' must be a string or a list of token ids", param="prompt")
 

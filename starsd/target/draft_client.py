@@ -135,9 +135,7 @@ class DraftClient:
                 self._pending.clear()
                 await channel.close(grace=None)
             if was_connected:
-                log.warning(
-                    "lost the draft at %s (%s); decoding alone, reconnecting", self.address, self.last_error
-                )
+                log.warning("lost the draft at %s (%s); decoding alone, reconnecting", self.address, self.last_error)
             await asyncio.sleep(backoff)
             backoff = min(self.options.backoff_max, backoff * 2)
 
@@ -232,19 +230,13 @@ class DraftLink:
             return None
         self.rtt = time.perf_counter() - sent
         if response.error_code:
-            log.warning(
-                "draft refused session %d seq %d: %s", self.session_id, self.seq, response.error_message
-            )
+            log.warning("draft refused session %d seq %d: %s", self.session_id, self.seq, response.error_message)
             self.release()
             return None
         self.synced = len(committed)
         k = response.top_k
-        q_ids = (
-            [list(response.q_ids[i * k : (i + 1) * k]) for i in range(len(response.token_ids))] if k else []
-        )
-        q_probs = (
-            [list(response.q_probs[i * k : (i + 1) * k]) for i in range(len(response.token_ids))] if k else []
-        )
+        q_ids = [list(response.q_ids[i * k : (i + 1) * k]) for i in range(len(response.token_ids))] if k else []
+        q_probs = [list(response.q_probs[i * k : (i + 1) * k]) for i in range(len(response.token_ids))] if k else []
         return DraftProposal(list(response.token_ids), q_ids, q_probs)
 
     def release(self) -> None:

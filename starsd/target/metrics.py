@@ -22,9 +22,7 @@ class TargetMetrics:
         )
         self.rounds = Counter("starsd_target_rounds", "Verification rounds", registry=r)
         self.active = Gauge("starsd_target_active_requests", "Completions in progress", registry=r)
-        self.draft_connected = Gauge(
-            "starsd_target_draft_connected", "1 while the draft stream is up", registry=r
-        )
+        self.draft_connected = Gauge("starsd_target_draft_connected", "1 while the draft stream is up", registry=r)
         self.verify_seconds = Histogram(
             "starsd_target_verify_seconds",
             "Target forward time per round",

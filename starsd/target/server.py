@@ -185,12 +185,8 @@ class TargetApp:
         body.update(self._usage(prompt_ids, stats))
         return web.json_response(body)
 
-    async def _stream(
-        self, request: web.Request, req: CompletionRequest, prompt_ids: list[int]
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
+    async def _stream(self, request: web.Request, req: CompletionRequest, prompt_ids: list[int]) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         cid = f"cmpl-{uuid.uuid4().hex}"
         stats = GenerationStats()
@@ -204,9 +200,7 @@ class TargetApp:
         try:
             async for text, _ in self._run(req, prompt_ids, stats):
                 safe = stream_safe_length(text, req.stop) if req.stop else len(text)
-                safe = min(
-                    safe, len(text.rstrip("\ufffd"))
-                )  # an incomplete UTF-8 sequence waits for its rest
+                safe = min(safe, len(text.rstrip("\ufffd")))  # an incomplete UTF-8 sequence waits for its rest
                 if safe > sent:
                     await event(self._envelope(cid, text[sent:safe], None))
                     sent = safe
