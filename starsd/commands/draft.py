@@ -45,6 +45,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="emulate a draft accelerator instead of --model",
     )
     emu.add_argument("--batch-curve", help='emulated batch times, e.g. "1:0.004,8:0.006" (with --max-batch)')
+    emu.add_argument(
+        "--emulate-token-time", type=float, default=0.0, metavar="SECONDS", help="extra emulated time per drafted token"
+    )
     emu.add_argument("--vocab-size", type=int, default=32000, help="vocabulary of the emulated draft")
 
 
@@ -67,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
             proposer = ModelProposer(load_checkpoint(args.model))
         else:
             curve = parse_batch_curve(args.batch_curve) if args.batch_curve else None
-            proposer = EmulatedProposer(args.emulate_service_time, args.vocab_size, curve)
+            proposer = EmulatedProposer(args.emulate_service_time, args.vocab_size, curve, args.emulate_token_time)
     except (ModelLoadError, ValueError) as exc:
         return fail(str(exc))
     config = DraftConfig(

@@ -22,6 +22,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     parser.add_argument("--gamma", type=int, default=4, help="tokens drafted per round, 1..16 (default 4)")
+    parser.add_argument(
+        "--adaptive-gamma",
+        action="store_true",
+        help="choose gamma per session and round with the system model (--gamma is then the most asked for)",
+    )
     parser.add_argument("--id", default=socket.gethostname(), help="this target's id on the draft (default: hostname)")
     parser.add_argument("--served-model-name", help="the model name clients send (default: the checkpoint's name)")
     parser.add_argument(
@@ -92,7 +97,7 @@ async def _serve(args: argparse.Namespace, loaded: object) -> int:
                 exc.code().name,
             )
         client.start()
-    engine = TargetEngine(loaded, client, gamma=args.gamma)
+    engine = TargetEngine(loaded, client, gamma=args.gamma, adaptive_gamma=args.adaptive_gamma)
     app = TargetApp(
         engine,
         TargetServerOptions(

@@ -213,6 +213,7 @@ class DraftCore:
                 response = _error_response(work.request, err)
             else:
                 response = _proposal_response(work.request, proposal, per_request)
+                response.draft_sessions = len(self.sessions)
                 self.metrics.draft_tokens.inc(len(proposal.token_ids))
             self.metrics.requests.inc()
             self.metrics.service_seconds.observe(per_request)

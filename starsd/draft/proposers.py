@@ -80,19 +80,28 @@ class EmulatedProposer:
     """Emulates a draft accelerator: holds for the service time (releasing the GIL, as kernels do).
 
     Proposes token id ``i % vocab_size`` at position i: emulated targets draw acceptance themselves.
+    A request costs its batch's time from the curve, plus ``token_time`` per proposed token (the largest
+    gamma in the batch), so that gamma's cost shows as it does on a real draft.
     """
 
-    def __init__(self, service_time: float, vocab_size: int = 32000, batch_curve: dict[int, float] | None = None):
-        if service_time < 0:
-            raise ValueError("the emulated service time must be >= 0")
+    def __init__(
+        self,
+        service_time: float,
+        vocab_size: int = 32000,
+        batch_curve: dict[int, float] | None = None,
+        token_time: float = 0.0,
+    ):
+        if service_time < 0 or token_time < 0:
+            raise ValueError("the emulated service and token times must be >= 0")
         self.curve = batch_curve or {1: service_time}
+        self.token_time = token_time
         self.info = ProposerInfo("emulated", vocab_size, "emulated", 1 << 20)
 
     def new_state(self, seed: int | None) -> Any:
         return None
 
     def propose_batch(self, batch: list[ProposalRequest]) -> list[Proposal]:
-        _hold(curve_time(self.curve, len(batch)))
+        _hold(curve_time(self.curve, len(batch)) + self.token_time * max(r.gamma for r in batch))
         return [Proposal(token_ids=[i % self.info.vocab_size for i in range(r.gamma)]) for r in batch]
 
 

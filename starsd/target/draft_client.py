@@ -19,6 +19,7 @@ from pathlib import Path
 
 import grpc
 
+from starsd.adaptive import AcceptanceEstimate, choose_gamma
 from starsd.proto import starsd_pb2 as pb
 from starsd.proto import starsd_pb2_grpc as pb_grpc
 from starsd.sampling import SamplingParams
@@ -183,6 +184,11 @@ class DraftLink:
         self.generation = -1
         self.cooldown = 0
         self.rtt = 0.0
+        # What adaptive gamma needs: this session's acceptance and the draft's measured costs.
+        self.acceptance = AcceptanceEstimate()
+        self.token_time = 0.0  # draft seconds per proposed token
+        self.transfer_time = float("inf")  # one-way transfer (smallest seen: queue-free)
+        self.draft_sessions = 1
 
     def _reset(self) -> None:
         self.session_id, self.seq, self.synced = 0, 0, 0
@@ -234,10 +240,19 @@ class DraftLink:
             self.release()
             return None
         self.synced = len(committed)
+        if response.token_ids:
+            self.token_time = response.service_seconds / len(response.token_ids)
+        self.transfer_time = min(self.transfer_time, max(0.0, (self.rtt - response.service_seconds) / 2))
+        self.draft_sessions = max(1, response.draft_sessions)
         k = response.top_k
         q_ids = [list(response.q_ids[i * k : (i + 1) * k]) for i in range(len(response.token_ids))] if k else []
         q_probs = [list(response.q_probs[i * k : (i + 1) * k]) for i in range(len(response.token_ids))] if k else []
         return DraftProposal(list(response.token_ids), q_ids, q_probs)
+
+    def next_gamma(self, max_gamma: int, verify_seconds: float) -> int:
+        """Adaptive gamma for the next round, from this session's measurements (see starsd.adaptive)."""
+        tc = 0.0 if self.transfer_time == float("inf") else self.transfer_time
+        return choose_gamma(self.acceptance.alpha, self.token_time, verify_seconds, tc, self.draft_sessions, max_gamma)
 
     def release(self) -> None:
         """Free this session on the draft (fire and forget) and start afresh next time."""

@@ -51,7 +51,8 @@ class Round:
 class TargetEngine:
     loaded: LoadedModel
     draft: DraftClient | None
-    gamma: int = 4
+    gamma: int = 4  # tokens drafted per round; with adaptive_gamma, the most a round asks for
+    adaptive_gamma: bool = False
     metrics: TargetMetrics = field(default_factory=TargetMetrics)
 
     def __post_init__(self) -> None:
@@ -100,7 +101,10 @@ class TargetEngine:
         try:
             while stats.generated_tokens < max_tokens:
                 remaining = max_tokens - stats.generated_tokens
-                gamma = min(self.gamma, remaining - 1)  # a round commits up to gamma + 1 tokens
+                gamma = self.gamma
+                if self.adaptive_gamma and link is not None:
+                    gamma = link.next_gamma(self.gamma, verify_seconds)
+                gamma = min(gamma, remaining - 1)  # a round commits up to gamma + 1 tokens
                 proposal = None
                 if link is not None and gamma > 0:
                     sent = time.perf_counter()
@@ -111,6 +115,8 @@ class TargetEngine:
                     self.executor, self._round, session, proposal, gamma, params, generator
                 )
                 verify_seconds = rnd.verify_seconds
+                if proposal is not None and link is not None:
+                    link.acceptance.update(rnd.verdict.accepted, rnd.drafted)
                 tokens = rnd.verdict.tokens
                 stats.rounds += 1
                 stats.drafted_tokens += rnd.drafted
