@@ -1,0 +1,64 @@
+"""One source of truth for the CRD: the chart ships crds/starsdcluster.yaml itself, and the sample the chart
+renders fits the CRD's schema."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from .conftest import CHART, REPO, Rendered, run_helm
+
+CRD_FILE = REPO / "crds" / "starsdcluster.yaml"
+CHART_CRD = CHART / "crds" / "starsdcluster.yaml"
+
+
+def test_chart_crd_is_the_crd_in_crds() -> None:
+    assert CHART_CRD.exists(), f"{CHART_CRD} is missing (it should link to {CRD_FILE})"
+    assert CHART_CRD.read_bytes() == CRD_FILE.read_bytes(), (
+        f"{CHART_CRD} differs from {CRD_FILE}: restore the link with "
+        "`ln -sf ../../../crds/starsdcluster.yaml charts/starsd/crds/starsdcluster.yaml`"
+    )
+
+
+def test_helm_ships_exactly_that_crd(helm: str) -> None:
+    proc = run_helm(helm, "show", "crds", str(CHART))
+    assert proc.returncode == 0, proc.stderr
+    assert yaml.safe_load(proc.stdout) == yaml.safe_load(CRD_FILE.read_text())
+
+
+def crd_schema() -> dict[str, Any]:
+    crd = yaml.safe_load(CRD_FILE.read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if v["storage"]]
+    return dict(version["schema"]["openAPIV3Schema"])
+
+
+def unknown_fields(value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """Fields the structural schema does not declare (the API server would prune or, strictly, refuse them)."""
+    found: list[str] = []
+    if isinstance(value, dict) and "properties" in schema:
+        for key, item in value.items():
+            if key not in schema["properties"]:
+                found.append(f"{path}.{key}")
+            else:
+                found += unknown_fields(item, schema["properties"][key], f"{path}.{key}")
+    elif isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            found += unknown_fields(item, schema["items"], f"{path}[{i}]")
+    return found
+
+
+@pytest.mark.parametrize("values", ["sample.yaml", "custom-pools.yaml"])
+def test_rendered_sample_fits_the_crd_schema(render: Callable[..., Rendered], values: str) -> None:
+    sample = render(values).one("StarSDCluster")
+    schema = crd_schema()
+    assert unknown_fields(sample, schema) == []
+    jsonschema.validate(sample["spec"], schema["properties"]["spec"])
+
+
+def test_unknown_field_check_finds_a_typo() -> None:
+    schema = {"properties": {"spec": {"properties": {"pools": {"items": {"properties": {"name": {}}}}}}}}
+    assert unknown_fields({"spec": {"pools": [{"name": "a", "wieght": 2}]}}, schema) == [".spec.pools[0].wieght"]
