@@ -11,12 +11,13 @@ BUILD_SRC="$STARSD_CACHE/src"
 # counts them.
 run_logged() {
   local logfile="$1"; shift
-  local start=$SECONDS
+  local start=$SECONDS last=$SECONDS
   nice -n 10 "$@" >"$logfile" 2>&1 &
   local pid=$!
   while kill -0 "$pid" 2>/dev/null; do
-    sleep 5
-    if (( (SECONDS - start) % 30 < 5 )) && kill -0 "$pid" 2>/dev/null; then
+    sleep 2
+    if (( SECONDS - last >= 30 )) && kill -0 "$pid" 2>/dev/null; then
+      last=$SECONDS
       log "  ... $(( SECONDS - start ))s, $(wc -l <"$logfile") packages/lines so far"
     fi
   done

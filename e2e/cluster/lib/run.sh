@@ -136,7 +136,8 @@ cluster_up() {
   log "cluster up in $(( SECONDS - start ))s: export KUBECONFIG=$CLUSTER_DIR/kubeconfig PATH=$CLUSTER_DIR/bin:\$PATH"
 }
 
-# cluster_down [quiet]: stops every recorded component (TERM, then KILL after 10 s). Idempotent.
+# cluster_down [quiet]: stops every recorded component (TERM, then KILL after 10 s) and removes the
+# cluster state except logs/. Idempotent.
 cluster_down() {
   local i name pidfile pid stopped=0
   for (( i=${#COMPONENTS[@]}-1; i>=0; i-- )); do
@@ -153,7 +154,11 @@ cluster_down() {
     fi
     rm -f "$pidfile"
   done
-  [[ "${1:-}" == quiet ]] || log "cluster down ($stopped processes stopped)"
+  # Keep only the logs, for a look after a failed run.
+  if [[ -d "$CLUSTER_DIR" ]]; then
+    find "$CLUSTER_DIR" -mindepth 1 -maxdepth 1 ! -name logs -exec rm -rf {} +
+  fi
+  [[ "${1:-}" == quiet ]] || log "cluster down ($stopped processes stopped; logs kept in $LOGS_DIR)"
 }
 
 cluster_status() {

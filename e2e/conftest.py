@@ -1,0 +1,93 @@
+"""The e2e session: build the control plane (once per machine), bring it up, hand tests a Cluster, and
+always bring it down again.
+
+The build runs in pytest_collection_finish, outside any test, so the per-test timeout does not cover a
+cold build (tens of minutes on 2 cores); its progress is printed as it goes.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+
+import pytest
+
+from e2e.kube import Cluster
+from e2e.operator_process import (
+    OperatorProcess,
+    chart_operator_env,
+    install_chart,
+    service_account_kubeconfig,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+CLUSTER_SH = REPO / "e2e" / "cluster" / "cluster.sh"
+STATE_DIR = REPO / ".cluster"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything under e2e/ needs the cluster: mark it e2e so `-m "not e2e"` leaves it out."""
+    e2e_dir = Path(__file__).parent
+    for item in items:
+        if e2e_dir in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+def _uncaptured(config: pytest.Config, argv: list[str]) -> int:
+    """Runs argv with pytest's output capture off, so its progress reaches the terminal."""
+    capture = config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        return subprocess.run(argv, check=False).returncode
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    wanted = any(item.get_closest_marker("e2e") for item in session.items)
+    if wanted and _uncaptured(session.config, ["bash", str(CLUSTER_SH), "build"]) != 0:
+        raise pytest.UsageError("building the e2e cluster failed (see the output above)")
+
+
+def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.fixture(scope="session")
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """The running cluster. Brought down at the end of the session, whatever happened (a SIGTERM is turned
+    into KeyboardInterrupt so that the teardown still runs)."""
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        if _uncaptured(request.config, ["bash", str(CLUSTER_SH), "up"]) != 0:
+            pytest.fail("the e2e cluster did not come up (logs in .cluster/logs/)")
+        yield Cluster(repo=REPO, state_dir=STATE_DIR)
+    finally:
+        _uncaptured(request.config, ["bash", str(CLUSTER_SH), "down"])
+        signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace for one test, deleted afterwards (without waiting for it to go)."""
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: Cluster) -> Iterator[OperatorProcess]:
+    """The chart installed with helm, and `starsd operator` running locally as the chart's ServiceAccount.
+
+    A test that kills the operator must start it again before it ends (see test_operator_restart.py).
+    """
+    install_chart(cluster)
+    kubeconfig = service_account_kubeconfig(cluster, cluster.state_dir / "operator.kubeconfig")
+    process = OperatorProcess(cluster, kubeconfig, chart_operator_env(cluster))
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()

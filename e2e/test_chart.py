@@ -1,0 +1,106 @@
+"""The chart on a real API server: helm installs it, its ServiceAccount has exactly the operator's
+permissions, and the documented CRD upgrade story works."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from e2e.kube import Cluster
+from e2e.operator_process import RELEASE, RELEASE_NAMESPACE, OperatorProcess, install_chart
+
+SA = f"system:serviceaccount:{RELEASE_NAMESPACE}:{RELEASE}-operator"
+
+ALLOWED = [
+    ("watch", "starsdclusters.starsd.io"),
+    ("patch", "starsdclusters.starsd.io/status"),
+    ("update", "starsdclusters.starsd.io/scale"),
+    ("create", "statefulsets.apps"),
+    ("delete", "deployments.apps"),
+    ("create", "services"),
+    ("list", "pods"),
+    ("create", "events"),
+    ("patch", "events.events.k8s.io"),
+    ("create", "networkpolicies.networking.k8s.io"),
+    ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("list", "namespaces"),
+]
+DENIED = [
+    ("create", "starsdclusters.starsd.io"),
+    ("delete", "starsdclusters.starsd.io"),
+    ("get", "secrets"),
+    ("list", "configmaps"),
+    ("delete", "pods"),
+    ("create", "pods"),
+    ("create", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("update", "clusterroles.rbac.authorization.k8s.io"),
+    ("create", "nodes"),
+]
+
+
+def can(cluster: Cluster, verb: str, resource: str) -> str:
+    """`kubectl auth can-i` as the operator's ServiceAccount; RESOURCE/SUBRESOURCE is split for kubectl."""
+    resource, _, subresource = resource.partition("/")
+    extra = [f"--subresource={subresource}"] if subresource else []
+    proc = cluster.kubectl("auth", "can-i", verb, resource, *extra, "--as", SA, "-A", check=False)
+    return proc.stdout.strip()
+
+
+@pytest.mark.parametrize(("verb", "resource"), ALLOWED)
+def test_operator_service_account_may_do_what_the_operator_needs(
+    cluster: Cluster, operator: OperatorProcess, verb: str, resource: str
+) -> None:
+    assert can(cluster, verb, resource) == "yes"
+
+
+@pytest.mark.parametrize(("verb", "resource"), DENIED)
+def test_operator_service_account_may_do_nothing_else(
+    cluster: Cluster, operator: OperatorProcess, verb: str, resource: str
+) -> None:
+    assert can(cluster, verb, resource) == "no"
+
+
+def test_chart_release_is_deployed_with_its_crd(cluster: Cluster, operator: OperatorProcess) -> None:
+    releases = json.loads(cluster.helm("list", "-n", RELEASE_NAMESPACE, "-o", "json").stdout)
+    assert [(r["name"], r["status"]) for r in releases] == [(RELEASE, "deployed")]
+    crd = cluster.get("crd", "starsdclusters.starsd.io")
+    established = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
+    assert established["Established"] == "True"
+    deployment = cluster.get("deployment", f"{RELEASE}-operator", RELEASE_NAMESPACE)
+    assert deployment["status"].get("readyReplicas") == 1
+
+
+def test_documented_crd_upgrade_restores_the_chart_crd(cluster: Cluster, operator: OperatorProcess) -> None:
+    """charts/starsd/README.md: `helm show crds CHART | kubectl apply --server-side --force-conflicts -f -`
+    before `helm upgrade`. An old CRD is simulated by removing the printer columns of the live one."""
+    cluster.kubectl(
+        "patch",
+        "crd",
+        "starsdclusters.starsd.io",
+        "--type=json",
+        "-p",
+        '[{"op": "remove", "path": "/spec/versions/0/additionalPrinterColumns"}]',
+    )
+    assert "additionalPrinterColumns" not in cluster.get("crd", "starsdclusters.starsd.io")["spec"]["versions"][0]
+
+    chart = str(cluster.repo / "charts" / "starsd")
+    shown = cluster.helm("show", "crds", chart).stdout
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=shown)
+    install_chart(cluster)  # helm upgrade --install
+
+    columns = cluster.get("crd", "starsdclusters.starsd.io")["spec"]["versions"][0]["additionalPrinterColumns"]
+    assert [c["name"] for c in columns][:2] == ["Ready", "Targets"]
+    history = json.loads(cluster.helm("history", RELEASE, "-n", RELEASE_NAMESPACE, "-o", "json").stdout)
+    assert history[-1]["status"] == "deployed" and len(history) >= 2
+
+
+def test_helm_lint_passes_against_the_built_helm(cluster: Cluster) -> None:
+    proc = subprocess.run(
+        [str(cluster.bin_dir / "helm"), "lint", "--strict", str(cluster.repo / "charts" / "starsd")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
