@@ -1,0 +1,311 @@
+"""The star benchmark: the real draft server, N emulated targets, a sweep over N, the model alongside.
+
+Processes: the draft runs in its own process (``starsd draft --emulate-service-time ...``, or a real
+checkpoint with ``--model``); all emulated targets share this process's asyncio loop. Each sweep point opens
+N streams, lets them run for a warm-up, measures for ``duration`` seconds, then lets every target finish its
+round and release its session.
+
+Baselines, in the same run:
+
+* target-only decoding: each target alone makes ``1/Tp1`` tokens per second (the profile's measured
+  per-token decode time), so N targets make ``N/Tp1``;
+* N independent draft+target pairs: pairs share nothing, so N pairs make N times what one pair makes. One
+  pair is measured: the N=1 point *is* one target alone on its own draft (the sweep adds it if missing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from starsd import model
+from starsd.bench import analysis
+from starsd.bench.analysis import ModelInputs, PointMeasurement, PointResult
+from starsd.bench.draft_process import DraftEndpoint, process_cpu_seconds, read_load
+from starsd.bench.profiles import Profile
+from starsd.bench.targets import EmulatedTarget, TargetSpec, loop_lag_monitor, open_channel
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NS = (1, 2, 4, 8, 16, 32)
+
+
+@dataclass(frozen=True)
+class StarConfig:
+    profile: Profile
+    ns: tuple[int, ...]
+    duration: float = 10.0  # measured seconds per point
+    warmup: float = 1.0  # seconds per point before measuring
+    draft_service_time: float | None = None  # emulated Tq; None for a real model draft
+    max_batch: int = 1
+    seed: int = 0
+    session_tokens: int = 512
+
+    @property
+    def betas(self) -> tuple[float, ...]:
+        return tuple(model.position_acceptance(self.profile.gamma, alpha=self.profile.alpha))
+
+    def model_inputs(self, measured_tq: float | None = None) -> ModelInputs:
+        p = self.profile
+        tq = self.draft_service_time if self.draft_service_time is not None else measured_tq
+        if tq is None or tq <= 0:
+            raise ValueError("the draft's service time is unknown (no emulated time and no measurement)")
+        return ModelInputs(
+            tq=tq, tp=p.tp, tc=p.tc, gamma=p.gamma, betas=self.betas, max_batch=self.max_batch, curve=p.curve()
+        )
+
+
+def sweep_ns(requested: tuple[int, ...] | None, n_star: int) -> tuple[int, ...]:
+    """The N to measure: the requested ones (default 1,2,4,8,16,32 plus N* when N* <= 64), always with 1."""
+    ns = set(requested or DEFAULT_NS)
+    if requested is None and n_star <= 64:
+        ns.add(n_star)
+    ns.add(1)  # the measured pair behind the N-pairs baseline
+    return tuple(sorted(ns))
+
+
+async def measure_point(
+    endpoint: DraftEndpoint,
+    n: int,
+    spec: TargetSpec,
+    cfg: StarConfig,
+    http: aiohttp.ClientSession | None,
+) -> PointMeasurement:
+    channels = [open_channel(endpoint.address) for _ in range(n)]
+    stop = asyncio.Event()
+    targets = [
+        EmulatedTarget(f"bench-n{n}-t{i}", ch, spec, seed=cfg.seed * 100_003 + n * 1_009 + i)
+        for i, ch in enumerate(channels)
+    ]
+    try:
+        lag_task = asyncio.create_task(loop_lag_monitor(stop))
+        tasks = [asyncio.create_task(t.run(stop)) for t in targets]
+        await asyncio.sleep(cfg.warmup)
+        start_busy = await _busy(http, endpoint)
+        t0 = time.perf_counter()
+        cpu0 = time.process_time()
+        draft_cpu0 = process_cpu_seconds(endpoint.pid) if endpoint.pid else None
+        await asyncio.sleep(cfg.duration)
+        t1 = time.perf_counter()
+        cpu1 = time.process_time()
+        draft_cpu1 = process_cpu_seconds(endpoint.pid) if endpoint.pid else None
+        end_busy = await _busy(http, endpoint)
+        stop.set()
+        runs = await asyncio.gather(*tasks)
+        lags = await lag_task
+    finally:
+        stop.set()
+        for ch in channels:
+            await ch.close()
+    m = PointMeasurement(n=n, runs=list(runs), t0=t0, t1=t1, loop_lags=lags, targets_cpu_seconds=cpu1 - cpu0)
+    if draft_cpu0 is not None and draft_cpu1 is not None:
+        m.draft_cpu_seconds = draft_cpu1 - draft_cpu0
+    if start_busy and end_busy:
+        m.busy_seconds = float(end_busy[1]["busy_seconds_total"]) - float(start_busy[1]["busy_seconds_total"])
+        m.busy_span = end_busy[0] - start_busy[0]
+        m.load = end_busy[1]
+    return m
+
+
+async def _busy(http: aiohttp.ClientSession | None, endpoint: DraftEndpoint) -> tuple[float, dict[str, Any]] | None:
+    if http is None or endpoint.load_url is None:
+        return None
+    try:
+        return await read_load(http, endpoint.load_url)
+    except (aiohttp.ClientError, TimeoutError, KeyError, ValueError) as exc:
+        log.warning("cannot read the draft's load at %s: %s", endpoint.load_url, exc)
+        return None
+
+
+@dataclass
+class StarReport:
+    config: dict[str, Any]
+    results: list[PointResult]
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": self.config, "summary": self.summary, "results": [r.to_dict() for r in self.results]}
+
+
+async def run_star(cfg: StarConfig, endpoint: DraftEndpoint, vocab_size: int, progress: Any = None) -> StarReport:
+    """Sweep ``cfg.ns`` against a serving draft; baselines and the summary included."""
+    p = cfg.profile
+    spec = TargetSpec(
+        gamma=p.gamma,
+        betas=cfg.betas,
+        verify_seconds=p.tp,
+        wire_seconds=p.tc,
+        vocab_size=vocab_size,
+        session_tokens=cfg.session_tokens,
+    )
+    measurements: list[PointMeasurement] = []
+    load_before = _loadavg()
+    async with aiohttp.ClientSession() as http:
+        for n in cfg.ns:
+            m = await measure_point(endpoint, n, spec, cfg, http if endpoint.load_url else None)
+            measurements.append(m)
+            if progress:
+                progress(n, m)
+            await asyncio.sleep(0.2)  # let the draft drop the point's streams and sessions
+    measured_tq = _mean_service(measurements)
+    inputs = cfg.model_inputs(measured_tq)
+    results = [analysis.summarize(m, inputs) for m in measurements]
+    pair = next(r for r in results if r.n == 1)
+    pair_model = inputs.point(1)[0]
+    for r in results:
+        r.target_only_throughput = r.n / p.tp1
+        r.pairs_throughput = r.n * pair.throughput
+        r.pairs_model_throughput = r.n * pair_model
+    report = StarReport(config=_config_dict(cfg, inputs, measured_tq), results=results)
+    # Other work on the machine shows up as overhead: say how busy it was.
+    report.config["host"] = {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": _loadavg()}
+    report.summary = summarize_star(results, inputs, p)
+    return report
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _mean_service(measurements: list[PointMeasurement]) -> float | None:
+    services = [r.service for m in measurements for run in m.runs for r in run.rounds]
+    return sum(services) / len(services) if services else None
+
+
+def _config_dict(cfg: StarConfig, inputs: ModelInputs, measured_tq: float | None) -> dict[str, Any]:
+    return {
+        "profile": cfg.profile.to_dict(),
+        "ns": list(cfg.ns),
+        "duration": cfg.duration,
+        "warmup": cfg.warmup,
+        "draft": "emulated" if cfg.draft_service_time is not None else "model",
+        "draft_service_time": cfg.draft_service_time,
+        "max_batch": cfg.max_batch,
+        "seed": cfg.seed,
+        "model_inputs": {
+            "tq": inputs.tq,
+            "tq_source": "emulated service time" if cfg.draft_service_time is not None else "measured mean",
+            "tp": inputs.tp,
+            "tc": inputs.tc,
+            "gamma": inputs.gamma,
+            "alpha": cfg.profile.alpha,
+            "expected_tokens_per_round": inputs.tokens_per_round,
+            "cycle_time": model.cycle_time(inputs.tq, inputs.tp, inputs.tc),
+            "optimal_targets": model.optimal_targets(inputs.tq, inputs.tp, inputs.tc),
+        },
+        "measured_service_time": measured_tq,
+        "units": {
+            "throughput": "tokens/s, all targets",
+            "latency": "seconds per round of one target (request to its next request)",
+            "utilization": "draft busy fraction from its busy-seconds counter over the window",
+        },
+        "baselines": {
+            "target_only": "N / Tp1: each target decoding alone at the profile's per-token time",
+            "pairs": "N x the measured N=1 point (one target alone on one draft); pairs share nothing",
+        },
+    }
+
+
+def summarize_star(results: list[PointResult], inputs: ModelInputs, profile: Profile) -> dict[str, Any]:
+    """The figures the issue asks for: the goals' verdicts and the star against its baselines at N*."""
+    n_star = model.optimal_targets(inputs.tq, inputs.tp, inputs.tc)
+    pair = next(r for r in results if r.n == 1)
+    at = min((r for r in results if r.n >= n_star), key=lambda r: r.n, default=results[-1])
+    under = [r for r in results if r.regime == "UnderLoaded"]
+    full = [r for r in results if r.regime == "FullyLoaded"]
+    return {
+        "optimal_targets": n_star,
+        "min_ratio": min(r.ratio for r in results),
+        "min_round_ratio": min(r.round_ratio for r in results),
+        "max_idle_fraction_fully_loaded": max((r.idle_fraction for r in full), default=None),
+        "max_utilization_error_under_loaded": max(
+            (abs(r.utilization - r.model_utilization) for r in under), default=None
+        ),
+        "goals": {
+            "ratio_at_least_0.95": all(r.ratio >= 0.95 for r in results),
+            "idle_at_most_3pct_fully_loaded": all(r.idle_fraction <= 0.03 for r in full),
+            "utilization_within_5_points_under_loaded": all(
+                abs(r.utilization - r.model_utilization) <= 0.05 for r in under
+            ),
+        },
+        "at_n_star": {
+            "n": at.n,
+            "star_throughput_per_draft": at.throughput,
+            "pairs_throughput_per_draft": pair.throughput,
+            "star_over_pairs_per_draft": at.throughput / pair.throughput if pair.throughput else None,
+            "star_total_over_target_only": at.throughput / at.target_only_throughput,
+            "pairs_total_over_target_only": at.pairs_throughput / at.target_only_throughput,
+            "accelerators": {"star": at.n + 1, "pairs": 2 * at.n, "target_only": at.n},
+        },
+        "errors": sum(len(r.errors) for r in results),
+        "profile": profile.name,
+    }
+
+
+def format_table(report: StarReport) -> str:
+    cfg = report.config
+    mi = cfg["model_inputs"]
+    p = cfg["profile"]
+    lines = [
+        f"profile {p['name']} [{p['kind']}]: Tq={mi['tq'] * 1e3:.3f} ms ({mi['tq_source']}), "
+        f"Tp={mi['tp'] * 1e3:.3f} ms, Tc={mi['tc'] * 1e3:.3f} ms, gamma={mi['gamma']}, alpha={mi['alpha']}, "
+        f"E[l]+1={mi['expected_tokens_per_round']:.3f}, N*={mi['optimal_targets']}",
+        f"{cfg['duration']:.1f} s measured per point after {cfg['warmup']:.1f} s of warm-up; "
+        f"latency = one target's round (request to next request); "
+        f"host: {cfg.get('host', {}).get('cpus')} CPUs, load average {cfg.get('host', {}).get('loadavg_before')}",
+        "",
+    ]
+    head = (
+        f"{'N':>3} {'regime':<11} {'tok/s':>8} {'model':>8} {'ratio':>6} {'rnd':>6} {'util':>6} {'model':>6} "
+        f"{'idle':>6} {'gaps/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'mdl ms':>7} {'pairs':>8} {'tgt-only':>8} "
+        f"{'cpu d/t':>9}"
+    )
+    lines += [head, "-" * len(head)]
+    for r in report.results:
+        cpu = (
+            f"{(r.draft_cpu or 0) * 100:.0f}/{(r.targets_cpu or 0) * 100:.0f}%"
+            if r.draft_cpu is not None or r.targets_cpu is not None
+            else "-"
+        )
+        lines.append(
+            f"{r.n:>3} {r.regime:<11} {r.throughput:>8.1f} {r.model_throughput:>8.1f} {r.ratio:>6.3f} "
+            f"{r.round_ratio:>6.3f} {r.utilization * 100:>5.1f}% {r.model_utilization * 100:>5.1f}% "
+            f"{r.idle_fraction * 100:>5.1f}% {r.idle_gaps_per_second:>7.1f} {r.latency_p50 * 1e3:>7.2f} "
+            f"{r.latency_p99 * 1e3:>7.2f} {r.model_round_time * 1e3:>7.2f} {r.pairs_throughput:>8.1f} "
+            f"{r.target_only_throughput:>8.1f} {cpu:>9}"
+        )
+        if r.errors:
+            lines.append(f"    {len(r.errors)} target errors, first: {r.errors[0]}")
+    s = report.summary
+    a = s["at_n_star"]
+    goals = s["goals"]
+    lines += [
+        "",
+        "ratio = measured/model tokens/s; rnd = the same for rounds/s (free of acceptance luck); "
+        "cpu d/t = draft/targets process CPU",
+        f"at N={a['n']} (N*={s['optimal_targets']}): star {a['star_throughput_per_draft']:.1f} tok/s per draft "
+        f"accelerator vs {a['pairs_throughput_per_draft']:.1f} for a pair "
+        f"(x{a['star_over_pairs_per_draft']:.2f}); total x{a['star_total_over_target_only']:.2f} over "
+        f"target-only decoding (pairs: x{a['pairs_total_over_target_only']:.2f}, with {a['n']} drafts)",
+        "goals: "
+        + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in goals.items())
+        + f"; min ratio {s['min_ratio']:.3f}",
+    ]
+    return "\n".join(lines)
+
+
+def write_json(report: StarReport, path: Path) -> None:
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report.to_dict(), indent=2))

@@ -1,0 +1,229 @@
+"""``starsd bench``: ``star`` (the star benchmark against the system model) and ``profiles`` (the table)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from starsd import model
+
+if TYPE_CHECKING:  # the benchmark's modules import grpc and aiohttp: only when a benchmark runs
+    from starsd.bench.star import StarConfig, StarReport
+
+
+def _n_list(text: str) -> tuple[int, ...]:
+    try:
+        ns = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated target counts, got {text!r}") from None
+    if not ns or ns[0] < 1:
+        raise argparse.ArgumentTypeError(f"target counts must be >= 1, got {text!r}")
+    return ns
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench", metavar="BENCHMARK")
+    star = sub.add_parser(
+        "star",
+        help="N emulated targets on the real draft server, swept over N, against the system model",
+        description=(
+            "Starts the real draft server (emulating a draft accelerator's service time, or a real checkpoint "
+            "with --draft-model) and N emulated targets in this process: real gRPC clients whose verify time "
+            "and acceptance follow an accelerator profile. Sweeps N and reports throughput, draft "
+            "utilisation and idle gaps, per-target latency and measured/model throughput, with the "
+            "target-only and N-independent-pairs baselines."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    src = star.add_argument_group("profile (flags override its values)")
+    src.add_argument("--profile", help="a named profile (`starsd bench profiles`); default tpuv4-chinchilla70b-4b")
+    src.add_argument("--profile-json", metavar="FILE", help="a profile of your own")
+    src.add_argument("--tp", type=float, help="target verify time per round, seconds")
+    src.add_argument("--tc", type=float, help="one-way transfer time added by the emulated targets, seconds")
+    src.add_argument("--alpha", type=float, help="per-position acceptance probability")
+    src.add_argument("--gamma", type=int, help="draft tokens per round")
+    drf = star.add_argument_group("the draft")
+    drf.add_argument(
+        "--draft-service-time",
+        type=float,
+        metavar="SECONDS",
+        help="emulated draft service time per request (default: the profile's Tq)",
+    )
+    drf.add_argument("--draft-model", type=Path, metavar="PATH", help="run a real draft checkpoint instead")
+    drf.add_argument("--max-batch", type=int, default=1, help="requests the draft may batch per step")
+    drf.add_argument("--batch-curve", help='emulated Tq(B), e.g. "1:0.004,8:0.006" (default: the profile\'s)')
+    drf.add_argument("--vocab-size", type=int, default=32000, help="vocabulary of the emulated draft")
+    drf.add_argument("--draft-address", metavar="HOST:PORT", help="use a draft that is already serving")
+    drf.add_argument("--draft-load-url", metavar="URL", help="its /v1/load URL (with --draft-address)")
+    run = star.add_argument_group("the sweep")
+    run.add_argument(
+        "--n", type=_n_list, metavar="N,N,...", help="target counts (default 1,2,4,8,16,32 and N*; 1 always)"
+    )
+    run.add_argument("--duration", type=float, default=10.0, help="measured seconds per point")
+    run.add_argument("--warmup", type=float, default=1.0, help="seconds per point before measuring")
+    run.add_argument("--session-tokens", type=int, default=512, help="tokens per emulated completion")
+    run.add_argument("--seed", type=int, default=0, help="seed of the acceptance draws")
+    out = star.add_argument_group("output")
+    out.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
+    out.add_argument("--plot", type=Path, metavar="FILE", help="write a PNG plot")
+    out.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    star.set_defaults(_bench=run_star_command)
+
+    prof = sub.add_parser("profiles", help="the accelerator profiles and their sources")
+    prof.add_argument("--json", action="store_true", help="print JSON")
+    prof.set_defaults(_bench=run_profiles_command)
+
+
+def run(args: argparse.Namespace) -> int:
+    handler = getattr(args, "_bench", None)
+    if handler is None:
+        print("starsd bench: choose a benchmark: star | profiles (see --help)", file=sys.stderr)
+        return 2
+    return int(handler(args))
+
+
+def run_profiles_command(args: argparse.Namespace) -> int:
+    from starsd.bench import profiles
+
+    if args.json:
+        print(json.dumps([p.to_dict() for p in profiles.PROFILES], indent=2))
+    else:
+        print("\n\n".join(profiles.describe(p) for p in profiles.PROFILES))
+    return 0
+
+
+def _error(message: str) -> int:
+    print(f"starsd bench star: {message}", file=sys.stderr)
+    return 2
+
+
+def build_config(args: argparse.Namespace) -> tuple[StarConfig, list[str]]:
+    """The sweep's StarConfig and the draft's extra command-line arguments (ValueError on bad input)."""
+    from starsd.bench import profiles
+    from starsd.bench.star import StarConfig, sweep_ns
+
+    if args.profile and args.profile_json:
+        raise ValueError("give --profile or --profile-json, not both")
+    prof = (
+        profiles.load_profile_json(args.profile_json)
+        if args.profile_json
+        else profiles.get(args.profile or profiles.DEFAULT_PROFILE)
+    )
+    changes: dict[str, object] = {}
+    for key in ("tp", "tc", "alpha", "gamma"):
+        if getattr(args, key) is not None:
+            changes[key] = getattr(args, key)
+    if args.draft_model and args.draft_service_time is not None:
+        raise ValueError("give --draft-service-time (emulated draft) or --draft-model, not both")
+    real_draft = args.draft_model is not None or args.draft_address is not None
+    service = None if real_draft else (args.draft_service_time or prof.tq)
+    if service is not None and service != prof.tq:
+        changes["tq"] = service
+    curve_text = args.batch_curve
+    if curve_text:
+        curve = model.BatchCurve.parse(curve_text, unbatched=service if service is not None else prof.tq)
+        changes["batch_curve"] = curve.points
+        changes["tq"] = curve.tq(1)
+        service = curve.tq(1) if service is not None else None
+    elif "tq" in changes and prof.batch_curve:
+        changes["batch_curve"] = ()  # the profile's curve belongs to its own Tq
+    if changes:
+        prof = dataclasses.replace(prof, **changes)  # type: ignore[arg-type]
+    if args.max_batch < 1:
+        raise ValueError("--max-batch must be >= 1")
+    if args.duration <= 0 or args.warmup < 0:
+        raise ValueError("--duration must be > 0 and --warmup >= 0")
+    if args.session_tokens < 1:
+        raise ValueError("--session-tokens must be >= 1")
+    n_star = model.optimal_targets(prof.tq, prof.tp, prof.tc)
+    cfg = StarConfig(
+        profile=prof,
+        ns=sweep_ns(args.n, n_star),
+        duration=args.duration,
+        warmup=args.warmup,
+        draft_service_time=service,
+        max_batch=args.max_batch,
+        seed=args.seed,
+        session_tokens=args.session_tokens,
+    )
+    extra: list[str] = ["--max-gamma", str(max(16, prof.gamma)), "--max-sessions", str(4 * max(cfg.ns) + 64)]
+    if args.draft_model is not None:
+        extra += ["--model", str(args.draft_model)]
+    else:
+        extra += ["--emulate-service-time", repr(service), "--vocab-size", str(args.vocab_size)]
+        if args.max_batch > 1:
+            emulated_curve = prof.curve()
+            if emulated_curve is None:
+                raise ValueError("--max-batch > 1 with an emulated draft needs a batch curve (--batch-curve)")
+            extra += ["--batch-curve", ",".join(f"{b}:{t!r}" for b, t in emulated_curve.points)]
+    if args.max_batch > 1:
+        extra += ["--max-batch", str(args.max_batch)]
+    return cfg, extra
+
+
+def run_star_command(args: argparse.Namespace) -> int:
+    try:
+        cfg, extra = build_config(args)
+    except (ValueError, OSError) as exc:
+        return _error(str(exc))
+    if args.draft_load_url and not args.draft_address:
+        return _error("--draft-load-url goes with --draft-address")
+    try:
+        report = asyncio.run(_run(cfg, extra, args))
+    except RuntimeError as exc:
+        return _error(str(exc))
+    from starsd.bench.star import format_table, write_json
+
+    print(format_table(report))
+    if args.json:
+        write_json(report, args.json)
+        print(f"wrote {args.json}")
+    if args.plot:
+        from starsd.bench.plot import plot_star
+
+        plot_star(report.to_dict(), args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+async def _run(cfg: StarConfig, extra: list[str], args: argparse.Namespace) -> StarReport:
+    from starsd.bench.analysis import PointMeasurement
+    from starsd.bench.draft_process import DraftEndpoint, DraftProcess, wait_until_serving
+    from starsd.bench.star import run_star
+    from starsd.bench.targets import fetch_vocab_size
+
+    started = time.perf_counter()
+
+    def progress(n: int, m: PointMeasurement) -> None:
+        if not args.quiet:
+            errors = sum(1 for run in m.runs if run.error)
+            rounds = sum(len(run.rounds) for run in m.runs)
+            print(
+                f"  N={n:<3} {rounds} rounds{f', {errors} target errors' if errors else ''} "
+                f"({time.perf_counter() - started:.0f} s)",
+                file=sys.stderr,
+            )
+
+    proc: DraftProcess | None = None
+    if args.draft_address:
+        endpoint = DraftEndpoint(args.draft_address, args.draft_load_url)
+        await wait_until_serving(endpoint.address, 30.0)
+    else:
+        proc = DraftProcess(extra)
+        if not args.quiet:
+            print(f"starting the draft: {' '.join(proc.command()[3:])}", file=sys.stderr)
+        endpoint = await proc.start()
+    try:
+        vocab = await fetch_vocab_size(endpoint.address)
+        if not args.quiet:
+            print(f"sweeping N = {', '.join(map(str, cfg.ns))}", file=sys.stderr)
+        return await run_star(cfg, endpoint, vocab, progress)
+    finally:
+        if proc is not None:
+            proc.stop()
