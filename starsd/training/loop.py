@@ -1,0 +1,195 @@
+"""The two training loops: language modelling for the target, distillation from the target for the draft.
+
+The language-model loop draws windows of the corpus; the distillation loop takes any batches (the pipeline gives
+it corpus windows joined with the target's own greedy text, from :func:`generate_greedy`). Both use AdamW with a
+linear warm-up and a cosine decay, clip gradients, and return the loss of every step. Nothing in them draws
+random numbers, so a seeded initialisation plus a seeded batch order gives the same weights on every run (for a
+fixed number of torch threads on the same machine: a different thread count or CPU may change float rounding).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from starsd.training.data import window_batches
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run's schedule and batches."""
+
+    steps: int  # optimiser steps
+    batch_size: int  # windows per step
+    seq_len: int  # tokens per window (inputs; labels are the same window shifted by one)
+    lr: float  # peak learning rate
+    warmup_steps: int  # linear warm-up from 0 to ``lr``
+    min_lr_ratio: float = 0.1  # the cosine decays to ``lr * min_lr_ratio`` at the last step
+    weight_decay: float = 0.1  # on matrices only (not on norms)
+    grad_clip: float = 1.0  # max global gradient norm
+    seed: int = 0  # seeds the batch order
+
+    def tokens(self) -> int:
+        return self.steps * self.batch_size * self.seq_len
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DistillWeights:
+    """How the draft's loss mixes the target's soft and hard signals."""
+
+    kl: float = 1.0  # KL(p_target || q_draft) over the whole vocabulary
+    hard: float = 0.5  # cross-entropy towards the target's greedy token, which is what greedy drafting must hit
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Learning rate at ``step`` (0-based): linear warm-up, then cosine decay to ``lr * min_lr_ratio``."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.steps - cfg.warmup_steps - 1)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + 0.5 * (cfg.lr - floor) * (1.0 + math.cos(math.pi * progress))
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, cfg: TrainConfig, i: int) -> None:
+    for group in opt.param_groups:
+        group["lr"] = lr_at(i, cfg)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
+
+
+def _progress(total: int, desc: str, enabled: bool) -> tqdm[Any]:
+    return tqdm(total=total, desc=desc, unit="step", disable=not enabled, dynamic_ncols=True, mininterval=1.0)
+
+
+def language_model_loss(model: Any, batch: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over a ``[B, T+1]`` batch."""
+    inputs, labels = batch[:, :-1], batch[:, 1:]
+    logits = model(input_ids=inputs).logits  # [B, T, V]
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1))
+
+
+def train_language_model(
+    model: Any, stream: np.ndarray, cfg: TrainConfig, desc: str = "target", progress: bool = True
+) -> list[float]:
+    """Train ``model`` to predict the next token of windows of ``stream``; returns the loss of every step."""
+    model.train()
+    opt = make_optimizer(model, cfg)
+    losses: list[float] = []
+    batches = window_batches(stream, cfg.seq_len, cfg.batch_size, cfg.steps, cfg.seed)
+    with _progress(cfg.steps, desc, progress) as bar:
+        for i, batch in enumerate(batches):
+            loss = language_model_loss(model, batch)
+            _step(model, opt, loss, cfg, i)
+            losses.append(loss.item())
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{lr_at(i, cfg):.2e}", refresh=False)
+    model.eval()
+    return losses
+
+
+def distillation_loss(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, weights: DistillWeights
+) -> torch.Tensor:
+    """``kl * KL(p || q) + hard * CE(q, argmax p)`` averaged over positions (p: teacher, q: student).
+
+    Both logits are ``[N, V]``. The KL term teaches the student the teacher's whole distribution (what
+    sampled verification accepts); the hard term sharpens agreement on the teacher's greedy token (what greedy
+    verification accepts).
+    """
+    log_q = F.log_softmax(student_logits, dim=-1)  # [N, V]
+    log_p = F.log_softmax(teacher_logits, dim=-1)  # [N, V]
+    kl = F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
+    hard = F.nll_loss(log_q, teacher_logits.argmax(dim=-1))
+    return weights.kl * kl + weights.hard * hard
+
+
+def distill(
+    student: Any,
+    teacher: Any,
+    batches: Iterable[torch.Tensor],
+    cfg: TrainConfig,
+    weights: DistillWeights = DistillWeights(),
+    desc: str = "draft",
+    progress: bool = True,
+) -> list[float]:
+    """Train ``student`` to match ``teacher``'s next-token distributions on ``batches`` (``[B, T+1]``; the
+    last token of each window is not used); ``cfg`` gives the schedule, ``cfg.steps`` batches are consumed."""
+    teacher.eval()
+    student.train()
+    opt = make_optimizer(student, cfg)
+    losses: list[float] = []
+    with _progress(cfg.steps, desc, progress) as bar:
+        for i, batch in enumerate(itertools.islice(batches, cfg.steps)):
+            inputs = batch[:, :-1]
+            with torch.no_grad():
+                teacher_logits = teacher(input_ids=inputs).logits  # [B, T, V]
+            student_logits = student(input_ids=inputs).logits  # [B, T, V]
+            vocab = student_logits.size(-1)
+            loss = distillation_loss(student_logits.reshape(-1, vocab), teacher_logits.reshape(-1, vocab), weights)
+            _step(student, opt, loss, cfg, i)
+            losses.append(loss.item())
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{lr_at(i, cfg):.2e}", refresh=False)
+    student.eval()
+    return losses
+
+
+@torch.no_grad()
+def mean_loss(model: Any, batches: Iterable[torch.Tensor]) -> float:
+    """Mean next-token cross-entropy of ``model`` over ``batches`` (evaluation; no gradients)."""
+    model.eval()
+    total, count = 0.0, 0
+    for batch in batches:
+        total += language_model_loss(model, batch).item() * batch[:, 1:].numel()
+        count += batch[:, 1:].numel()
+    return total / max(1, count)
+
+
+@torch.no_grad()
+def generate_greedy(
+    model: Any, prompts: torch.Tensor, new_tokens: int, batch_size: int, desc: str = "generate", progress: bool = True
+) -> torch.Tensor:
+    """``model``'s greedy continuations of ``prompts`` (``[N, P]``), as ``[N, P + new_tokens]``.
+
+    Generation does not stop at EOS (the model's argmax simply continues), so every row has the same length.
+    Used to give the draft the contexts it will meet at inference time: the target's own greedy text.
+    """
+    model.eval()
+    rows = []
+    for i in tqdm(range(0, prompts.size(0), batch_size), desc=desc, unit="batch", disable=not progress):
+        chunk = prompts[i : i + batch_size]
+        out = model.generate(
+            chunk,
+            attention_mask=torch.ones_like(chunk),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=model.config.pad_token_id,
+        )
+        rows.append(out)
+    return torch.cat(rows, dim=0)
