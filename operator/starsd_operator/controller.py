@@ -212,7 +212,8 @@ def _rebalance(
     memory.samples.append(Sample(at=at, replicas=spec.replicas, ready=counts.ready, load=load))
     pol = policy(spec)
     memory.samples = rebalancer.prune(memory.samples, at, pol.stabilization_seconds)
-    last = conditions.parse_timestamp(((body.get("status") or {}).get("lastRebalance") or {}).get("time"))
+    last_rebalance = (body.get("status") or {}).get("lastRebalance") or {}
+    last = conditions.parse_timestamp(last_rebalance.get("time"))
     decision = rebalancer.decide(
         pol,
         replicas=spec.replicas,
@@ -220,6 +221,7 @@ def _rebalance(
         samples=memory.samples,
         now=at,
         last_change=last.timestamp() if last else None,
+        climbing=last_rebalance.get("reason") == rebalancer.UNDER_LOADED and last_rebalance.get("to") == spec.replicas,
     )
     events: list[Event] = []
     if decision.changed:

@@ -27,11 +27,16 @@ MEMORY_KEY = "starsd_memory"
 
 def register(registry: kopf.OperatorRegistry, *, tick_interval: float) -> None:
     """Register the handlers on ``registry``."""
-    resource = (c.GROUP, c.VERSION, c.PLURAL)
-    kopf.on.create(*resource, registry=registry, id="reconcile")(reconcile)
-    kopf.on.resume(*resource, registry=registry, id="reconcile")(reconcile)
-    kopf.on.update(*resource, field="spec", registry=registry, id="reconcile")(reconcile)
-    kopf.timer(*resource, interval=tick_interval, initial_delay=1.0, registry=registry, id="tick")(tick)
+    # kopf's connection uses the credentials the Kubernetes client loaded (kube.load_config), so the
+    # watches and the operator's own requests act as the same identity.
+    kopf.on.login(registry=registry, id="login")(kopf.login_via_client)
+    g, v, p = c.GROUP, c.VERSION, c.PLURAL
+    kopf.on.create(group=g, version=v, plural=p, registry=registry, id="reconcile")(reconcile)
+    kopf.on.resume(group=g, version=v, plural=p, registry=registry, id="reconcile")(reconcile)
+    kopf.on.update(group=g, version=v, plural=p, field="spec", registry=registry, id="reconcile")(reconcile)
+    kopf.timer(group=g, version=v, plural=p, interval=tick_interval, initial_delay=1.0, registry=registry, id="tick")(
+        tick
+    )
 
 
 def memory(memo: Any) -> Memory:

@@ -39,6 +39,8 @@ def fetch(url: str, timeout: float = DEFAULT_TIMEOUT) -> Load:
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             body = response.read(MAX_BODY + 1)
+    except urllib.error.HTTPError as exc:
+        raise LoadUnavailable(f"{url}: HTTP {exc.code} {exc.reason}") from exc
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise LoadUnavailable(f"{url}: {getattr(exc, 'reason', None) or exc}") from exc
     if len(body) > MAX_BODY:

@@ -5,9 +5,12 @@ scripted traces with no cluster and no clock.
 
 The rules, each there to keep the count from flapping:
 
-* **Thresholds apart.** Up only while the draft's utilisation is below ``underloadedUtilization`` *and*
-  sessions wait for targets (``active_sessions`` above the current count); down only while utilisation is at
-  or above ``saturatedUtilization`` *and* requests queue at the draft. Between the two, hold.
+* **Thresholds apart.** A climb starts only while the draft's utilisation is below
+  ``underloadedUtilization`` *and* sessions wait for targets (``active_sessions`` above the current count); a
+  descent only while utilisation is at or above ``saturatedUtilization`` *and* requests queue at the draft.
+  Between the two, hold. A climb, once started, goes on through the band between the thresholds until N* or
+  until requests start to queue: the draft's utilisation only reaches 1 at N* itself, so a threshold below 1
+  alone would stop every climb short of it.
 * **Up toward N\\*, down toward N\\*.** Up to ``min(N*, active_sessions)`` (a target without a session adds
   nothing); down to ``N*``. ``N*`` is the draft's ``recommended_targets``, cross-checked against the system
   model (:func:`starsd.model.optimal_targets`) from the reported times when the draft gives none.
@@ -167,9 +170,11 @@ def decide(
     samples: Sequence[Sample],
     now: float,
     last_change: float | None = None,
+    climbing: bool = False,
 ) -> Decision:
     """What to do now. ``replicas`` is ``spec.targets.replicas``, ``ready`` the ready targets, ``samples`` the
-    trace so far (oldest first), ``last_change`` when the last rebalance was made (seconds, same clock)."""
+    trace so far (oldest first), ``last_change`` when the last rebalance was made (seconds, same clock), and
+    ``climbing`` whether that rebalance raised the count to the current one (an unfinished climb)."""
 
     def hold(reason: str, message: str) -> Decision:
         return Decision(replicas, replicas, reason, message)
@@ -192,14 +197,19 @@ def decide(
             f"collecting load at {replicas} targets: {covered:.0f}s of a {window:.0f}s window",
         )
     in_window = [s for s in fresh if s.at >= now - window] or [fresh[-1]]
-    proposals = [_proposal(policy, replicas, s.load) for s in in_window]
+    proposals = [_proposal(policy, replicas, s.load, climbing) for s in in_window]
     up, down = min(proposals), max(proposals)
     latest = in_window[-1].load
     if up > replicas:
         want, reason = up, UNDER_LOADED
+        level = (
+            f"utilization {latest.utilization:.2f} < {policy.underloaded_utilization:.2f}"
+            if latest.utilization < policy.underloaded_utilization
+            else f"utilization {latest.utilization:.2f} and no queue, continuing the climb"
+        )
         why = (
-            f"draft under-loaded (utilization {latest.utilization:.2f} < {policy.underloaded_utilization:.2f})"
-            f" with {latest.active_sessions} active sessions; N* = {latest.optimal_targets()}"
+            f"draft under-loaded ({level}) with {latest.active_sessions} active sessions;"
+            f" N* = {latest.optimal_targets()}"
         )
     elif down < replicas:
         want, reason = down, SATURATED
@@ -216,12 +226,15 @@ def decide(
     return Decision(target, replicas, reason, f"{replicas} -> {target} targets: {why}")
 
 
-def _proposal(policy: Policy, replicas: int, load: Load) -> int:
+def _proposal(policy: Policy, replicas: int, load: Load, climbing: bool) -> int:
     """The count one sample alone argues for (``replicas`` when it argues for nothing)."""
     n_star = load.optimal_targets()
     if n_star is None:
         return replicas
-    if load.utilization < policy.underloaded_utilization and load.active_sessions > replicas:
+    idle = load.utilization < policy.underloaded_utilization or (
+        climbing and load.utilization < 1.0 and load.queue_depth <= 0
+    )
+    if idle and load.active_sessions > replicas:
         return max(replicas, min(n_star, load.active_sessions))
     if load.utilization >= policy.saturated_utilization and load.queue_depth > 0:
         return min(replicas, n_star)

@@ -1,0 +1,300 @@
+"""The child resources, as the plain dicts the operator applies: names, labels, selectors, owner references,
+placement, resources, probes, security context, commands and environment."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from starsd_operator import children, draft, naming, network, targets
+from starsd_operator import constants as c
+from starsd_operator.podspec import Images
+from starsd_operator.spec import ClusterSpec, parse
+
+from . import factories as f
+
+IMAGES = Images(draft="reg/draft:1", target="reg/target:1")
+GPU = {"limits": {"nvidia.com/gpu": "1"}}
+TAINT = [{"key": "starsd.io/pool", "operator": "Equal", "value": "h100", "effect": "NoSchedule"}]
+
+
+def cluster_spec(**overrides: Any) -> ClusterSpec:
+    return parse(f.spec(**overrides))
+
+
+def placed_spec() -> ClusterSpec:
+    return cluster_spec(
+        draft={
+            "model": {"path": "/models/draft"},
+            "resources": GPU,
+            "nodeSelector": {"starsd.io/pool": "l4"},
+            "tolerations": TAINT,
+        },
+        pools=[
+            {
+                "name": "h100",
+                "weight": 2,
+                "nodeSelector": {"starsd.io/pool": "h100"},
+                "tolerations": TAINT,
+                "resources": {"limits": {"nvidia.com/gpu": "1", "memory": "80Gi"}},
+            },
+            {"name": "l4", "weight": 1, "nodeSelector": {"starsd.io/pool": "l4"}},
+        ],
+    )
+
+
+def pod_spec(obj: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = obj["spec"]["template"]["spec"]
+    return spec
+
+
+def only_container(obj: dict[str, Any]) -> dict[str, Any]:
+    [container] = pod_spec(obj)["containers"]
+    return container
+
+
+def env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_every_child_is_owned_labelled_and_in_the_clusters_namespace() -> None:
+    for obj in children.desired(f.OWNER, placed_spec(), IMAGES):
+        meta = obj["metadata"]
+        assert meta["namespace"] == "ml"
+        assert meta["ownerReferences"] == [
+            {
+                "apiVersion": "starsd.io/v1alpha1",
+                "kind": "StarSDCluster",
+                "name": "chat",
+                "uid": f.OWNER.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        labels = meta["labels"]
+        assert labels[c.LABEL_NAME] == "starsd"
+        assert labels[c.LABEL_INSTANCE] == "chat"
+        assert labels[c.LABEL_MANAGED_BY] == "starsd-operator"
+        assert labels[c.LABEL_COMPONENT] in ("draft", "target")
+
+
+def test_the_children_of_a_two_pool_cluster() -> None:
+    objs = children.desired(f.OWNER, placed_spec(), IMAGES)
+    assert [(o["kind"], o["metadata"]["name"]) for o in objs] == [
+        ("Service", "chat-draft"),
+        ("NetworkPolicy", "chat-draft"),
+        ("Deployment", "chat-draft"),
+        ("Service", "chat"),
+        ("Service", "chat-target-h100"),
+        ("StatefulSet", "chat-target-h100"),
+        ("Service", "chat-target-l4"),
+        ("StatefulSet", "chat-target-l4"),
+    ]
+
+
+def test_workload_selectors_match_their_pod_labels() -> None:
+    for obj in children.desired(f.OWNER, placed_spec(), IMAGES):
+        if obj["kind"] in ("Deployment", "StatefulSet"):
+            selector = obj["spec"]["selector"]["matchLabels"]
+            pod_labels = obj["spec"]["template"]["metadata"]["labels"]
+            assert selector.items() <= pod_labels.items()
+            assert pod_labels == obj["metadata"]["labels"]
+
+
+def test_target_pods_carry_their_pool_and_the_status_selector_matches_them() -> None:
+    sts = targets.statefulset(f.OWNER, placed_spec(), placed_spec().pools[0], 2, IMAGES)
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert labels[c.LABEL_POOL] == "h100" and labels[c.LABEL_COMPONENT] == "target"
+    selector = dict(part.split("=") for part in naming.status_selector(f.OWNER).split(","))
+    assert selector == {c.LABEL_INSTANCE: "chat", c.LABEL_COMPONENT: "target"}
+    assert selector.items() <= labels.items()
+    assert naming.status_selector(f.OWNER) == "app.kubernetes.io/instance=chat,app.kubernetes.io/component=target"
+
+
+def test_the_draft_deployment() -> None:
+    dep = draft.deployment(f.OWNER, placed_spec(), IMAGES)
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    container = only_container(dep)
+    assert container["image"] == "reg/draft:1"
+    assert container["command"] == [
+        "starsd",
+        "draft",
+        "--model",
+        "/models/draft",
+        "--port",
+        "50051",
+        "--metrics-port",
+        "9090",
+    ]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"grpc": 50051, "metrics": 9090}
+    assert container["resources"] == GPU
+    spec = pod_spec(dep)
+    assert spec["nodeSelector"] == {"starsd.io/pool": "l4"}
+    assert spec["tolerations"] == TAINT
+
+
+def test_the_target_statefulset_of_a_pool() -> None:
+    spec = placed_spec()
+    sts = targets.statefulset(f.OWNER, spec, spec.pools[0], 5, IMAGES)
+    assert sts["metadata"]["name"] == "chat-target-h100"
+    assert sts["spec"]["replicas"] == 5
+    assert sts["spec"]["serviceName"] == "chat-target-h100"
+    assert sts["spec"]["podManagementPolicy"] == "Parallel"
+    container = only_container(sts)
+    assert container["image"] == "reg/target:1"
+    assert container["command"] == [
+        "starsd",
+        "target",
+        "--model",
+        "/models/target",
+        "--draft",
+        "chat-draft.ml.svc:50051",
+        "--port",
+        "8000",
+        "--gamma",
+        "4",
+        "--id",
+        "$(POD_NAME)",
+    ]
+    assert container["resources"] == {"limits": {"nvidia.com/gpu": "1", "memory": "80Gi"}}
+    assert env(container)["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env(container)["STARSD_POOL"] == "h100"
+    assert pod_spec(sts)["nodeSelector"] == {"starsd.io/pool": "h100"}
+    assert pod_spec(sts)["tolerations"] == TAINT
+
+
+def test_a_pool_without_placement_has_no_selector_tolerations_or_resources() -> None:
+    spec = placed_spec()
+    sts = targets.statefulset(f.OWNER, spec, spec.pools[1], 1, IMAGES)
+    assert "nodeSelector" in pod_spec(sts)
+    assert "tolerations" not in pod_spec(sts)
+    assert only_container(sts)["resources"] == {}
+    bare = cluster_spec()
+    sts = targets.statefulset(f.OWNER, bare, bare.pools[1], 1, IMAGES)
+    assert "nodeSelector" not in pod_spec(sts)
+
+
+def test_spec_images_override_the_defaults() -> None:
+    spec = cluster_spec(
+        draft={"model": {"path": "/d"}, "image": "mine/draft:2"},
+        target={"model": {"path": "/t"}, "image": "mine/target:2"},
+    )
+    assert only_container(draft.deployment(f.OWNER, spec, IMAGES))["image"] == "mine/draft:2"
+    assert only_container(targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES))["image"] == "mine/target:2"
+
+
+def test_default_images_come_from_the_environment() -> None:
+    assert Images.from_env({}) == Images("starsd/draft:0.1.0", "starsd/target:0.1.0")
+    assert Images.from_env({"STARSD_DRAFT_IMAGE": "a:1", "STARSD_TARGET_IMAGE": "b:2"}) == Images("a:1", "b:2")
+
+
+@pytest.mark.parametrize("component", ["draft", "target"])
+def test_probes(component: str) -> None:
+    spec = placed_spec()
+    obj = (
+        draft.deployment(f.OWNER, spec, IMAGES)
+        if component == "draft"
+        else targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES)
+    )
+    container = only_container(obj)
+    port = "metrics" if component == "draft" else "http"
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port}
+    assert container["startupProbe"]["httpGet"] == {"path": "/healthz", "port": port}
+    assert port in {p["name"] for p in container["ports"]}
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "StatefulSet"])
+def test_pods_run_unprivileged_with_a_read_only_root(kind: str) -> None:
+    [obj] = [o for o in children.desired(f.OWNER, placed_spec(), IMAGES) if o["kind"] == kind][:1]
+    pod = pod_spec(obj)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == c.RUN_AS_USER
+    assert pod["automountServiceAccountToken"] is False
+    sc = only_container(obj)["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"] == {"drop": ["ALL"]}
+    # The read-only root needs a writable scratch directory, and HOME points there.
+    assert {"name": "tmp", "mountPath": "/tmp"} in only_container(obj)["volumeMounts"]
+    assert {"name": "tmp", "emptyDir": {}} in pod["volumes"]
+    assert env(only_container(obj))["HOME"] == "/tmp"
+
+
+def test_termination_messages_reach_the_status() -> None:
+    container = only_container(draft.deployment(f.OWNER, placed_spec(), IMAGES))
+    assert container["terminationMessagePath"] == "/dev/termination-log"
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_a_model_on_a_claim_is_mounted_read_only_at_its_path() -> None:
+    spec = cluster_spec(target={"model": {"path": "/models/target", "claimName": "weights", "subPath": "t"}})
+    sts = targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES)
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": "weights", "readOnly": True}} in pod_spec(sts)[
+        "volumes"
+    ]
+    assert {"name": "model", "mountPath": "/models/target", "readOnly": True, "subPath": "t"} in only_container(sts)[
+        "volumeMounts"
+    ]
+    assert "--model" in only_container(sts)["command"]
+    assert only_container(sts)["command"][3] == "/models/target"
+
+
+def test_a_model_in_the_image_mounts_nothing() -> None:
+    dep = draft.deployment(f.OWNER, cluster_spec(), IMAGES)
+    assert [v["name"] for v in pod_spec(dep)["volumes"]] == ["tmp"]
+
+
+def test_gamma_reaches_the_target_command() -> None:
+    spec = cluster_spec(target={"model": {"path": "/t"}, "gamma": 7})
+    command = only_container(targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES))["command"]
+    assert command[command.index("--gamma") + 1] == "7"
+
+
+def test_services() -> None:
+    svc = draft.service(f.OWNER)
+    assert svc["spec"]["selector"] == naming.selector_labels(f.OWNER, "draft")
+    assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"grpc": 50051, "metrics": 9090}
+    headless = targets.headless_service(f.OWNER, cluster_spec().pools[0])
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"][c.LABEL_POOL] == "h100"
+    client = targets.client_service(f.OWNER)
+    assert client["metadata"]["name"] == "chat"
+    assert client["spec"]["selector"] == naming.selector_labels(f.OWNER, "target")
+    assert c.LABEL_POOL not in client["spec"]["selector"]
+    assert [p["port"] for p in client["spec"]["ports"]] == [8000]
+
+
+def test_only_this_clusters_targets_reach_the_draft_grpc_port() -> None:
+    policy = network.draft_policy(f.OWNER)["spec"]
+    assert policy["podSelector"] == {"matchLabels": naming.selector_labels(f.OWNER, "draft")}
+    assert policy["policyTypes"] == ["Ingress"]
+    grpc, metrics = policy["ingress"]
+    assert grpc["ports"] == [{"protocol": "TCP", "port": 50051}]
+    assert grpc["from"] == [{"podSelector": {"matchLabels": naming.selector_labels(f.OWNER, "target")}}]
+    assert grpc["from"][0]["podSelector"]["matchLabels"][c.LABEL_INSTANCE] == "chat"
+    assert metrics == {"ports": [{"protocol": "TCP", "port": 9090}]}
+
+
+def test_replicas_are_split_across_the_pools_by_weight() -> None:
+    objs = children.desired(f.OWNER, cluster_spec(targets={"replicas": 6}), IMAGES)
+    replicas = {o["metadata"]["name"]: o["spec"]["replicas"] for o in objs if o["kind"] == "StatefulSet"}
+    assert replicas == {"chat-target-h100": 4, "chat-target-l4": 2}
+
+
+def test_long_names_are_shortened_stably_within_kubernetes_limits() -> None:
+    owner = naming.Owner(name="a" * 63, namespace="ml", uid="u")
+    name = naming.pool_name(owner, "p" * 24)
+    assert len(name) <= naming.STATEFULSET_NAME_LIMIT
+    assert name == naming.pool_name(owner, "p" * 24)
+    assert name != naming.pool_name(owner, "q" * 24)
+    assert len(naming.draft_name(owner)) <= 63
+    assert naming.child_name("chat", "draft") == "chat-draft"
+
+
+def test_the_builders_are_pure() -> None:
+    spec = placed_spec()
+    assert children.desired(f.OWNER, spec, IMAGES) == children.desired(f.OWNER, spec, IMAGES)
+    first = children.desired(f.OWNER, spec, IMAGES)
+    pod_spec(first[2])["nodeSelector"]["x"] = "y"
+    assert "x" not in spec.draft.placement.node_selector

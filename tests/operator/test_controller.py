@@ -1,0 +1,254 @@
+"""One reconcile and one tick against an in-memory API server: what gets applied and deleted, the status
+patch, and the rebalancer's atomic change of the target count with its Event."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from starsd_operator import constants as c
+from starsd_operator import controller
+from starsd_operator.controller import Config, Memory
+from starsd_operator.kube import KubeError
+from starsd_operator.loadclient import LoadUnavailable
+from starsd_operator.rebalancer import Load
+from starsd_operator.spec import SpecError
+
+from . import factories as f
+from .fakekube import FakeKube
+
+T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+CONFIG = Config()
+LOAD_URL = "http://127.0.0.1:7777/v1/load"
+
+
+def under_loaded(_url: str) -> Load:
+    return Load(
+        utilization=0.2,
+        window_seconds=5,
+        tq_seconds=0.004,
+        tp_seconds=0.02,
+        tc_seconds=0.001,
+        queue_depth=0,
+        targets=3,
+        regime="UnderLoaded",
+        active_sessions=20,
+        recommended_targets=7,
+    )
+
+
+def reconciled(body: dict[str, Any]) -> tuple[FakeKube, Memory]:
+    kube, memory = FakeKube(), Memory()
+    controller.reconcile(kube, body, CONFIG, memory)
+    kube.settle()
+    body["status"]["observedGeneration"] = body["metadata"]["generation"]
+    return kube, memory
+
+
+def no_fetch(url: str) -> Load:
+    raise AssertionError(f"fetched {url}")
+
+
+def conditions(result: controller.TickResult) -> dict[str, dict[str, Any]]:
+    return {x["type"]: x for x in result.status_patch.get("conditions", [])}
+
+
+def test_reconcile_applies_every_child() -> None:
+    kube, memory = FakeKube(), Memory()
+    controller.reconcile(kube, f.body(), CONFIG, memory)
+    assert kube.applied == [
+        ("Service", "chat-draft"),
+        ("NetworkPolicy", "chat-draft"),
+        ("Deployment", "chat-draft"),
+        ("Service", "chat"),
+        ("Service", "chat-target-h100"),
+        ("StatefulSet", "chat-target-h100"),
+        ("Service", "chat-target-l4"),
+        ("StatefulSet", "chat-target-l4"),
+    ]
+    assert memory.reconcile_error is None and kube.deleted == []
+
+
+def test_reconcile_is_idempotent() -> None:
+    kube, memory = FakeKube(), Memory()
+    controller.reconcile(kube, f.body(), CONFIG, memory)
+    before = {k: v for k, v in kube.objects.items()}
+    controller.reconcile(kube, f.body(), CONFIG, memory)
+    assert kube.objects == before and kube.deleted == []
+
+
+def test_a_pool_that_leaves_the_spec_is_deleted() -> None:
+    kube, memory = reconciled(f.body())
+    foreign = {
+        "kind": "StatefulSet",
+        "metadata": {
+            "name": "chat-target-old",
+            "namespace": "ml",
+            "labels": {c.LABEL_INSTANCE: "chat", c.LABEL_MANAGED_BY: c.MANAGED_BY, c.LABEL_COMPONENT: "target"},
+            "ownerReferences": [{"uid": "someone-else"}],
+        },
+        "spec": {"replicas": 1},
+    }
+    kube.put(foreign)
+    one_pool = f.spec(pools=[{"name": "h100"}])
+    controller.reconcile(kube, f.body(one_pool, generation=2), CONFIG, memory)
+    assert sorted(kube.deleted) == [("Service", "chat-target-l4"), ("StatefulSet", "chat-target-l4")]
+    assert ("StatefulSet", "ml", "chat-target-old") in kube.objects  # not ours: left alone
+
+
+def test_reconcile_failures_are_remembered_for_the_status() -> None:
+    kube, memory = FakeKube(), Memory()
+    kube.fail_apply = KubeError(422, "StatefulSet.apps is invalid")
+    with pytest.raises(KubeError):
+        controller.reconcile(kube, f.body(generation=3), CONFIG, memory)
+    assert memory.reconcile_error == (3, "StatefulSet.apps is invalid")
+    with pytest.raises(SpecError):
+        controller.reconcile(kube, f.body(f.spec(pools=[]), generation=4), CONFIG, memory)
+    assert memory.reconcile_error is not None and memory.reconcile_error[0] == 4
+    kube.fail_apply = None
+    controller.reconcile(kube, f.body(generation=5), CONFIG, memory)
+    assert memory.reconcile_error is None
+
+
+def test_a_tick_on_a_healthy_cluster_reports_ready() -> None:
+    body = f.body()
+    kube, memory = reconciled(body)
+    result = controller.tick(kube, body, CONFIG, memory, now=T0, fetch=lambda _u: under_loaded(_u))
+    conds = conditions(result)
+    assert conds[c.COND_READY]["status"] == "True"
+    assert result.status_patch["targets"]["readyReplicas"] == 3
+    assert result.status_patch["draft"]["utilization"] == 0.2
+    assert conds[c.COND_REBALANCING]["reason"] == "Disabled"
+    assert result.events == []
+
+
+def test_the_draft_is_not_polled_before_it_is_ready() -> None:
+    body = f.body()
+    kube, memory = FakeKube(), Memory()
+    controller.reconcile(kube, body, CONFIG, memory)
+    body["status"]["observedGeneration"] = 1
+    result = controller.tick(kube, body, CONFIG, memory, now=T0, fetch=no_fetch)
+    assert conditions(result)[c.COND_READY]["status"] == "False"
+
+
+def test_a_failed_reconcile_shows_in_ready() -> None:
+    body = f.body()
+    kube, memory = FakeKube(), Memory()
+    kube.fail_apply = KubeError(403, "forbidden: cannot create statefulsets")
+    with pytest.raises(KubeError):
+        controller.reconcile(kube, body, CONFIG, memory)
+    result = controller.tick(kube, body, CONFIG, memory, now=T0, fetch=no_fetch)
+    ready = conditions(result)[c.COND_READY]
+    assert ready["reason"] == "ReconcileFailed" and "forbidden" in ready["message"]
+
+
+def test_an_invalid_spec_shows_in_ready_without_touching_children() -> None:
+    body = f.body(f.spec(target={"model": {"path": "/t"}, "gamma": 99}))
+    kube = FakeKube()
+    result = controller.tick(kube, body, CONFIG, Memory(), now=T0, fetch=no_fetch)
+    assert conditions(result)[c.COND_READY]["reason"] == "InvalidSpec"
+    assert kube.applied == []
+
+
+def test_workloads_deleted_behind_the_operators_back_are_applied_again() -> None:
+    body = f.body()
+    kube, memory = reconciled(body)
+    kube.delete("StatefulSet", "ml", "chat-target-l4")
+    kube.applied.clear()
+    controller.tick(kube, body, CONFIG, memory, now=T0, fetch=under_loaded)
+    assert ("StatefulSet", "chat-target-l4") in kube.applied
+
+
+def test_no_repair_while_the_handler_has_not_applied_this_generation() -> None:
+    body = f.body(generation=2)
+    kube, memory = FakeKube(), Memory()
+    body["status"]["observedGeneration"] = 1
+    controller.tick(kube, body, CONFIG, memory, now=T0, fetch=no_fetch)
+    assert kube.applied == []
+
+
+def test_listing_failures_propagate() -> None:
+    kube = FakeKube()
+    kube.fail_list = KubeError(0, "API server unreachable")
+    with pytest.raises(KubeError):
+        controller.tick(kube, f.body(), CONFIG, Memory(), now=T0, fetch=no_fetch)
+
+
+def autoscaled(window: int = 10) -> dict[str, Any]:
+    spec = f.spec(
+        autoscaling={"enabled": True, "minTargets": 1, "maxTargets": 16, "stabilizationWindowSeconds": window}
+    )
+    return f.body(spec, annotations={c.ANNOTATION_LOAD_URL: LOAD_URL})
+
+
+def test_the_rebalancer_raises_the_count_once_the_window_is_covered() -> None:
+    body = autoscaled(window=10)
+    kube, memory = reconciled(body)
+    urls: list[str] = []
+
+    def fetch(url: str) -> Load:
+        urls.append(url)
+        return under_loaded(url)
+
+    results = []
+    for i in range(12):
+        result = controller.tick(kube, body, CONFIG, memory, now=T0 + timedelta(seconds=5 * i), fetch=fetch)
+        results.append(result)
+        # What the API server and kopf then do: the swap lands in the spec, the patch in the status.
+        body["status"].update(result.status_patch)
+        if kube.swaps:
+            body["spec"]["targets"]["replicas"] = kube.swaps[-1][1]
+    assert set(urls) == {LOAD_URL}
+    changed = [r for r in results if r.events]
+    assert len(changed) == 1 and kube.swaps == [(3, 7)]
+    [event] = changed[0].events
+    assert (event.type, event.reason) == ("Normal", c.EVENT_REBALANCED)
+    assert "3 -> 7 targets" in event.message
+    patch = changed[0].status_patch
+    assert {k: patch["lastRebalance"][k] for k in ("from", "to", "reason")} == {
+        "from": 3,
+        "to": 7,
+        "reason": "UnderLoaded",
+    }
+    assert conditions(changed[0])[c.COND_REBALANCING]["status"] == "True"
+    assert body["status"]["recommendedTargets"] == 7
+    # The StatefulSets are not resized yet (no reconcile here): the rebalancer waits, saying so.
+    [rebalancing] = [x for x in body["status"]["conditions"] if x["type"] == c.COND_REBALANCING]
+    assert (rebalancing["status"], rebalancing["reason"]) == ("True", "Converging")
+
+
+def test_a_concurrent_change_of_the_count_wins_over_the_rebalancer() -> None:
+    body = autoscaled(window=0)
+    kube, memory = reconciled(body)
+    kube.swap_ok = False
+    results = [
+        controller.tick(kube, body, CONFIG, memory, now=T0 + timedelta(seconds=5 * i), fetch=under_loaded)
+        for i in range(4)
+    ]
+    assert kube.swaps and all(r.events == [] for r in results)
+    reasons = {conditions(r)[c.COND_REBALANCING]["reason"] for r in results if "conditions" in r.status_patch}
+    assert "Conflict" in reasons
+    assert all("lastRebalance" not in r.status_patch for r in results)
+
+
+def test_an_unreadable_load_holds_and_says_why() -> None:
+    body = autoscaled(window=0)
+    kube, memory = reconciled(body)
+
+    def down(url: str) -> Load:
+        raise LoadUnavailable(f"{url}: connection refused")
+
+    result = controller.tick(kube, body, CONFIG, memory, now=T0, fetch=down)
+    rebalancing = conditions(result)[c.COND_REBALANCING]
+    assert rebalancing["reason"] == "LoadUnavailable" and "connection refused" in rebalancing["message"]
+    assert kube.swaps == []
+
+
+def test_an_unchanged_cluster_writes_nothing() -> None:
+    body = f.body()
+    kube, memory = reconciled(body)
+    first = controller.tick(kube, body, CONFIG, memory, now=T0, fetch=under_loaded)
+    body["status"].update(first.status_patch)
+    second = controller.tick(kube, body, CONFIG, memory, now=T0 + timedelta(seconds=5), fetch=under_loaded)
+    assert second.status_patch == {}

@@ -1,0 +1,233 @@
+"""crds/starsdcluster.yaml is a structural CRD that matches DESIGN.md section 4 and the operator's code."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime
+from typing import Any
+
+import jsonschema
+import pytest
+from starsd_operator import constants as c
+from starsd_operator import spec as specmod
+from starsd_operator import status
+from starsd_operator.rebalancer import Decision, Load
+
+from . import factories as f
+from .schema_tools import apply_defaults, to_jsonschema, walk
+
+
+@pytest.fixture(scope="module")
+def crd() -> dict[str, Any]:
+    return f.crd()
+
+
+@pytest.fixture(scope="module")
+def schema(crd: dict[str, Any]) -> dict[str, Any]:
+    root: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return root
+
+
+def validator(schema: dict[str, Any]) -> jsonschema.Draft7Validator:
+    js = to_jsonschema(schema)
+    js["properties"]["metadata"] = {"type": "object"}
+    return jsonschema.Draft7Validator(js)
+
+
+def errors(schema: dict[str, Any], obj: dict[str, Any]) -> list[str]:
+    defaulted = apply_defaults(schema, obj)
+    return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator(schema).iter_errors(defaulted)]
+
+
+def cluster(spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": c.API_VERSION, "kind": c.KIND, "metadata": {"name": "chat"}, "spec": spec}
+
+
+def test_names_group_and_version_are_the_contract(crd: dict[str, Any]) -> None:
+    assert crd["apiVersion"] == "apiextensions.k8s.io/v1"
+    assert crd["metadata"]["name"] == f"{c.PLURAL}.{c.GROUP}"
+    spec = crd["spec"]
+    assert spec["group"] == c.GROUP and spec["scope"] == "Namespaced"
+    assert spec["names"]["kind"] == c.KIND and spec["names"]["plural"] == c.PLURAL
+    assert "ssd" in spec["names"]["shortNames"]
+    [version] = spec["versions"]
+    assert version["name"] == c.VERSION and version["served"] and version["storage"]
+
+
+def test_status_and_scale_subresources(crd: dict[str, Any]) -> None:
+    sub = crd["spec"]["versions"][0]["subresources"]
+    assert sub["status"] == {}
+    assert sub["scale"] == {
+        "specReplicasPath": ".spec.targets.replicas",
+        "statusReplicasPath": ".status.targets.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+
+
+def test_printer_columns(crd: dict[str, Any]) -> None:
+    columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
+    default_view = [col["name"] for col in columns if col.get("priority", 0) == 0]
+    assert default_view == ["Ready", "Targets", "Draft load", "Regime", "Age"]
+    by_name = {col["name"]: col for col in columns}
+    assert by_name["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
+    assert by_name["Draft load"]["jsonPath"] == ".status.draft.utilization"
+    assert by_name["Regime"]["jsonPath"] == ".status.draft.regime"
+    assert by_name["Age"]["type"] == "date"
+
+
+def test_schema_is_structural(schema: dict[str, Any]) -> None:
+    """Every node has a type (or is int-or-string), and nothing under spec keeps unknown fields."""
+    for path, node in walk(schema):
+        if path == ".metadata":
+            assert node == {"type": "object"}
+            continue
+        assert "type" in node or node.get("x-kubernetes-int-or-string"), f"{path} has no type"
+        assert not node.get("x-kubernetes-preserve-unknown-fields"), f"{path} preserves unknown fields"
+
+
+def test_list_maps_are_keyed_by_required_fields(schema: dict[str, Any]) -> None:
+    for path, node in walk(schema):
+        if node.get("x-kubernetes-list-type") == "map":
+            keys = node["x-kubernetes-list-map-keys"]
+            assert set(keys) <= set(node["items"].get("required", [])), path
+    pools = schema["properties"]["spec"]["properties"]["pools"]
+    assert pools["x-kubernetes-list-type"] == "map" and pools["x-kubernetes-list-map-keys"] == ["name"]
+
+
+def test_cel_rules_cover_the_cross_field_checks(schema: dict[str, Any]) -> None:
+    rules = " ".join(r["rule"] for _, node in walk(schema) for r in node.get("x-kubernetes-validations", []))
+    for needle in (
+        "self.minTargets <= self.maxTargets",
+        "self.minReplicas <= self.maxReplicas",
+        "self.exists_one(q, q.name == p.name)",
+        "self.gamma >= 1 && self.gamma <= 16",
+        "size(self.pools) > 0",
+        "self.targets.replicas >= self.autoscaling.minTargets",
+        "self.targets.replicas <= self.autoscaling.maxTargets",
+    ):
+        assert needle in rules, needle
+    for _, node in walk(schema):
+        for rule in node.get("x-kubernetes-validations", []):
+            assert rule.get("message") or rule.get("messageExpression"), rule["rule"]
+
+
+def test_defaults_match_the_operator(schema: dict[str, Any]) -> None:
+    s = schema["properties"]["spec"]["properties"]
+    pool = s["pools"]["items"]["properties"]
+    auto = s["autoscaling"]["properties"]
+    assert s["target"]["properties"]["gamma"]["default"] == specmod.DEFAULT_GAMMA
+    assert s["targets"]["properties"]["replicas"]["default"] == specmod.DEFAULT_REPLICAS
+    assert pool["weight"]["default"] == specmod.DEFAULT_WEIGHT
+    assert pool["minReplicas"]["default"] == specmod.DEFAULT_POOL_MIN
+    assert pool["maxReplicas"]["default"] == specmod.DEFAULT_POOL_MAX
+    assert auto["enabled"]["default"] is False
+    assert auto["minTargets"]["default"] == specmod.DEFAULT_MIN_TARGETS
+    assert auto["maxTargets"]["default"] == specmod.DEFAULT_MAX_TARGETS
+    assert auto["underloadedUtilization"]["default"] == specmod.DEFAULT_UNDERLOADED_UTILIZATION
+    assert auto["saturatedUtilization"]["default"] == specmod.DEFAULT_SATURATED_UTILIZATION
+    assert auto["stabilizationWindowSeconds"]["default"] == specmod.DEFAULT_STABILIZATION_WINDOW_SECONDS
+    assert auto["maxStep"]["default"] == specmod.DEFAULT_MAX_STEP
+
+
+def test_a_minimal_spec_defaults_to_what_the_operator_assumes(schema: dict[str, Any]) -> None:
+    minimal = {
+        "draft": {"model": {"path": "/m/d"}},
+        "target": {"model": {"path": "/m/t"}},
+        "pools": [{"name": "a"}],
+    }
+    defaulted = apply_defaults(schema, cluster(minimal))["spec"]
+    assert specmod.parse(defaulted) == specmod.parse(minimal)
+    assert defaulted["autoscaling"]["enabled"] is False and defaulted["targets"]["replicas"] == 1
+
+
+def test_the_sample_validates_and_parses(schema: dict[str, Any]) -> None:
+    sample = f.sample()
+    assert sample["apiVersion"] == c.API_VERSION and sample["kind"] == c.KIND
+    assert errors(schema, sample) == []
+    parsed = specmod.parse(apply_defaults(schema, sample)["spec"])
+    assert [p.name for p in parsed.pools] == ["h100", "l4"]
+    assert parsed.autoscaling.min_targets <= parsed.replicas <= parsed.autoscaling.max_targets
+
+
+@pytest.mark.parametrize(
+    ("mutate", "where"),
+    [
+        (lambda s: s["targets"].update(replicas=-1), "spec.targets.replicas"),
+        (lambda s: s.update(colour="blue"), "spec"),
+        (lambda s: s["draft"].update(replica=2), "spec.draft"),
+        (lambda s: s["target"].update(gamma="4"), "spec.target.gamma"),
+        (lambda s: s["pools"][0].pop("name"), "spec.pools.0"),
+        (lambda s: s["pools"][0].update(name="H100"), "spec.pools.0.name"),
+        (lambda s: s["pools"][0].update(minReplicas=-1), "spec.pools.0.minReplicas"),
+        (lambda s: s["draft"]["model"].update(path="models/draft"), "spec.draft.model.path"),
+        (lambda s: s["draft"].update(resources={"limits": {"nvidia.com/gpu": "one"}}), "spec.draft.resources"),
+        (lambda s: s["pools"][0].update(tolerations=[{"operator": "Maybe"}]), "spec.pools.0.tolerations.0"),
+        (lambda s: s["autoscaling"].update(underloadedUtilization=1.5), "spec.autoscaling"),
+        (lambda s: s.pop("draft"), "spec"),
+    ],
+)
+def test_the_schema_refuses(schema: dict[str, Any], mutate: Any, where: str) -> None:
+    sample = f.sample()
+    mutate(sample["spec"])
+    found = errors(schema, sample)
+    assert found, f"expected an error at {where}"
+    assert any(e.startswith(where) for e in found), found
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda s: s["autoscaling"].update(minTargets=5, maxTargets=2),
+        lambda s: s["pools"][0].update(minReplicas=5, maxReplicas=2),
+        lambda s: s["pools"].append(dict(s["pools"][0])),
+        lambda s: s["target"].update(gamma=0),
+        lambda s: s["target"].update(gamma=17),
+        lambda s: s.update(pools=[]),
+        lambda s: s["autoscaling"].update(underloadedUtilization=0.9, saturatedUtilization=0.8),
+    ],
+)
+def test_what_only_cel_catches_the_operator_refuses_too(schema: dict[str, Any], mutate: Any) -> None:
+    """Behind a CRD without CEL (or an old API server) the operator still names the bad field."""
+    sample = f.sample()
+    mutate(sample["spec"])
+    with pytest.raises(specmod.SpecError):
+        specmod.parse(apply_defaults(schema, sample)["spec"])
+
+
+def test_the_status_the_operator_writes_fits_the_schema(schema: dict[str, Any]) -> None:
+    """Fields outside the status schema would be pruned, and kopf would see its patch not stick."""
+    parsed = specmod.parse(f.spec(autoscaling={"enabled": True}))
+    load = Load.from_json(
+        {
+            "utilization": 0.41,
+            "window_seconds": 10,
+            "tq_seconds": 0.004,
+            "tp_seconds": 0.02,
+            "tc_seconds": 0.001,
+            "queue_depth": 0,
+            "targets": 3,
+            "regime": "UnderLoaded",
+            "active_sessions": 9,
+            "recommended_targets": 8,
+        }
+    )
+    obs = status.Observation(
+        owner=f.OWNER,
+        generation=2,
+        spec=parsed,
+        children=status.Children(
+            deployments=[f.workload("Deployment", "chat-draft", 1)],
+            statefulsets=[f.workload("StatefulSet", "chat-target-h100", 2)],
+        ),
+        load=load,
+        decision=Decision(5, 3, "UnderLoaded", "3 -> 5 targets"),
+    )
+    built = status.build(obs, {"observedGeneration": 2}, datetime(2026, 1, 1, tzinfo=UTC))
+    status_schema = copy.deepcopy(schema["properties"]["status"])
+    jsonschema.Draft7Validator(to_jsonschema(status_schema)).validate(built)
+    assert {cond["type"] for cond in built["conditions"]} == {
+        c.COND_READY,
+        c.COND_DRAFT_READY,
+        c.COND_TARGETS_READY,
+        c.COND_REBALANCING,
+    }

@@ -1,0 +1,99 @@
+"""The operator's startup: registered handlers, kopf settings, and the `starsd operator` command."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, cast
+
+import kopf
+import pytest
+from starsd_operator import constants as c
+from starsd_operator import handlers, main
+from starsd_operator.controller import Config, Memory
+
+from starsd.commands import operator as command
+
+from . import factories as f
+from .fakekube import FakeKube
+
+
+def test_handlers_are_registered_for_the_custom_resource() -> None:
+    registry = main.build_registry(main.Options(tick_interval=7))
+    changing = registry._changing.get_all_handlers()
+    assert {str(h.reason) for h in changing if h.reason} == {"create", "update"}
+    assert [h.initial for h in changing if h.reason is None] == [True]  # on.resume: every object at startup
+    assert {h.id for h in changing} == {"reconcile", "reconcile/spec"}
+    for h in changing:
+        assert h.selector is not None
+        assert (h.selector.group, h.selector.version, h.selector.plural) == (c.GROUP, c.VERSION, c.PLURAL)
+    [timer] = registry._spawning.get_all_handlers()
+    assert timer.id == "tick" and timer.interval == 7  # type: ignore[attr-defined]
+    [login] = registry._activities.get_all_handlers()
+    assert login.fn is kopf.login_via_client
+
+
+def test_spec_changes_only_trigger_the_update_handler() -> None:
+    registry = main.build_registry(main.Options())
+    [update] = [h for h in registry._changing.get_all_handlers() if str(h.reason) == "update"]
+    assert update.field == ("spec",)
+
+
+def test_settings() -> None:
+    settings = main.build_settings()
+    assert settings.peering.standalone is True
+    assert settings.persistence.finalizer == "starsd.io/finalizer"
+    assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
+    assert isinstance(settings.persistence.diffbase_storage, kopf.AnnotationsDiffBaseStorage)
+
+
+def test_run_passes_options_to_kopf(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(main.kube, "load_config", lambda: None)
+    monkeypatch.setattr(main.kube, "ApiServer", lambda: "api")
+    monkeypatch.setattr(main.kopf, "run", lambda **kw: seen.update(kw))
+    main.run(main.Options(namespace="ml", liveness_port=9999), env={"STARSD_DRAFT_IMAGE": "x:1"})
+    assert seen["namespaces"] == ["ml"] and seen["clusterwide"] is False and seen["standalone"] is True
+    assert seen["liveness_endpoint"] == "http://0.0.0.0:9999/healthz"
+    assert seen["memo"]["config"].images.draft == "x:1" and seen["memo"]["kube"] == "api"
+    main.run(main.Options(), env={})
+    assert seen["clusterwide"] is True and seen["namespaces"] == ()
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    command.configure(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[main.Options] = []
+    monkeypatch.setattr(main, "run", seen.append)
+    assert command.run(parse("--namespace", "ml", "--liveness-port", "8081", "--interval", "2")) == 0
+    assert seen[-1] == main.Options(namespace="ml", liveness_port=8081, tick_interval=2.0, load_timeout=3.0)
+    command.run(parse("--liveness", "http://0.0.0.0:9000/healthz"))
+    assert seen[-1].liveness_port == 9000 and seen[-1].namespace is None
+    with pytest.raises(SystemExit):
+        parse("--liveness-port", "70000")
+    with pytest.raises(SystemExit):
+        parse("--liveness", "0.0.0.0:9000")
+
+
+def body(*args: Any, **kw: Any) -> kopf.Body:
+    return kopf.Body(cast(kopf.RawBody, f.body(*args, **kw)))
+
+
+def test_the_reconcile_handler_maps_errors_for_kopf() -> None:
+    kube = FakeKube()
+    memo = kopf.Memo(kube=kube, config=Config())
+    patch = kopf.Patch()
+    handlers.reconcile(body=body(generation=4), patch=patch, memo=memo)
+    assert patch["status"] == {"observedGeneration": 4}
+    assert isinstance(memo[handlers.MEMORY_KEY], Memory)
+    with pytest.raises(kopf.PermanentError, match="invalid spec"):
+        handlers.reconcile(body=body(f.spec(pools=[])), patch=kopf.Patch(), memo=memo)
+    kube.fail_apply = handlers.KubeError(500, "etcd is down")
+    with pytest.raises(kopf.TemporaryError, match="etcd is down"):
+        handlers.reconcile(body=body(), patch=kopf.Patch(), memo=memo)
+    kube.fail_apply = handlers.KubeError(422, "invalid quantity")
+    with pytest.raises(kopf.PermanentError, match="invalid quantity"):
+        handlers.reconcile(body=body(), patch=kopf.Patch(), memo=memo)

@@ -1,0 +1,72 @@
+"""Parsing a spec: defaults, and a clear field path for what the operator cannot act on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from starsd_operator.spec import AutoscalingSpec, ModelSource, SpecError, parse
+
+from . import factories as f
+
+
+def test_a_minimal_spec_gets_the_defaults() -> None:
+    parsed = parse({"draft": {"model": {"path": "/d"}}, "target": {"model": {"path": "/t"}}, "pools": [{"name": "a"}]})
+    assert parsed.replicas == 1
+    assert parsed.target.gamma == 4
+    assert parsed.draft.image is None and parsed.target.image is None
+    [pool] = parsed.pools
+    assert (pool.weight, pool.min_replicas, pool.max_replicas) == (1, 0, 64)
+    assert parsed.autoscaling == AutoscalingSpec()
+    assert parsed.autoscaling.enabled is False
+
+
+def test_models_in_the_image_or_on_a_claim() -> None:
+    parsed = parse(f.spec(draft={"model": {"path": "/m", "claimName": "c", "subPath": "d"}}))
+    assert parsed.draft.model == ModelSource(path="/m", claim_name="c", sub_path="d")
+    assert parse(f.spec()).target.model == ModelSource(path="/models/target")
+
+
+def test_placement_is_copied() -> None:
+    tolerations = [{"key": "k", "operator": "Exists"}]
+    parsed = parse(
+        f.spec(
+            pools=[
+                {
+                    "name": "a",
+                    "nodeSelector": {"pool": "a"},
+                    "tolerations": tolerations,
+                    "resources": {"limits": {"nvidia.com/gpu": 1}},
+                }
+            ]
+        )
+    )
+    placement = parsed.pools[0].placement
+    assert placement.node_selector == {"pool": "a"}
+    assert placement.tolerations == tolerations and placement.tolerations is not tolerations
+    assert placement.resources == {"limits": {"nvidia.com/gpu": 1}}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"draft": None}, "spec.draft"),
+        ({"target": {"model": {"path": "relative"}}}, "spec.target.model.path"),
+        ({"target": {"model": {"path": "/t"}, "gamma": 0}}, "spec.target.gamma"),
+        ({"target": {"model": {"path": "/t"}, "gamma": 17}}, "spec.target.gamma"),
+        ({"target": {"model": {"path": "/t"}, "gamma": True}}, "spec.target.gamma"),
+        ({"pools": []}, "spec.pools"),
+        ({"pools": [{"name": "a"}, {"name": "a"}]}, "spec.pools"),
+        ({"pools": [{"name": "a", "minReplicas": 3, "maxReplicas": 2}]}, "spec.pools[0]"),
+        ({"pools": [{"weight": 1}]}, "spec.pools[0].name"),
+        ({"targets": {"replicas": -1}}, "spec.targets.replicas"),
+        ({"autoscaling": {"minTargets": 4, "maxTargets": 2}}, "spec.autoscaling"),
+        ({"autoscaling": {"maxStep": 0}}, "spec.autoscaling.maxStep"),
+        ({"autoscaling": {"enabled": "yes"}}, "spec.autoscaling.enabled"),
+        ({"draft": {"model": {"path": "/d", "subPath": "x"}}}, "spec.draft.model.subPath"),
+        ({"draft": {"model": {"path": "/d"}, "nodeSelector": {"a": 1}}}, "spec.draft.nodeSelector"),
+    ],
+)
+def test_errors_name_the_field(overrides: dict[str, Any], field: str) -> None:
+    with pytest.raises(SpecError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        parse(f.spec(**overrides))
