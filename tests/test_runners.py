@@ -81,7 +81,7 @@ def test_rejected_drafts_are_cropped_from_both_caches(random_pair: tuple[Path, P
     # The draft's own cache agrees with a fresh draft session fed the same committed text.
     fresh = proposer.new_state(None)
     again = proposer.propose(fresh, list(session.committed), 4, GREEDY, 8).token_ids
-    assert proposer.propose(state, [], 4, GREEDY, 8).token_ids == again
+    assert proposer.propose(state, new, 4, GREEDY, 8).token_ids == again
 
 
 def test_sampled_proposals_report_the_distribution_they_were_drawn_from(random_pair: tuple[Path, Path]) -> None:
