@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from typing import Any, cast
 
 import kopf
@@ -97,3 +98,14 @@ def test_the_reconcile_handler_maps_errors_for_kopf() -> None:
     kube.fail_apply = handlers.KubeError(422, "invalid quantity")
     with pytest.raises(kopf.PermanentError, match="invalid quantity"):
         handlers.reconcile(body=body(), patch=kopf.Patch(), memo=memo)
+
+
+def test_successful_ticks_are_not_logged() -> None:
+    quiet = main.QuietTicks()
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, message, None, None)
+
+    assert not quiet.filter(record("Timer 'tick' succeeded."))
+    assert quiet.filter(record("Handler 'reconcile' succeeded."))
+    assert quiet.filter(record("Timer 'tick' failed with an exception. Will retry."))
