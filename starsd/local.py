@@ -162,7 +162,7 @@ class LocalStar:
         assert self.log_dir is not None
         return Proc(f"target-{i}", argv + self.target_args, self.log_dir / f"target-{i}.log")
 
-    def start(self, timeout: float = 180.0, wait_draft_link: bool = True) -> LocalStar:
+    def start(self, timeout: float = 300.0, wait_draft_link: bool = True) -> LocalStar:
         """Start every process at once and wait until each is ready (and each target reached the draft)."""
         env = self._env()
         self.draft = self._draft_proc()
