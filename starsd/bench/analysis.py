@@ -51,6 +51,12 @@ class ModelInputs:
     def tokens_per_round(self) -> float:
         return model.expected_tokens_per_round(self.gamma, betas=self.betas)
 
+    def optimal_targets(self) -> int:
+        """N*: with batching, the batched one (the draft saturated at its best batch up to ``max_batch``)."""
+        if self.max_batch > 1 and self.curve is not None:
+            return model.batched_optimal_targets(_clip(self.curve, self.max_batch), self.tp, self.tc)
+        return model.optimal_targets(self.tq, self.tp, self.tc)
+
     def point(self, n: int) -> tuple[float, float, float, str]:
         """(throughput, utilisation, round time, regime) of the model at ``n`` targets."""
         if self.max_batch > 1 and self.curve is not None:
@@ -131,9 +137,27 @@ class PointResult:
     target_only_throughput: float = 0.0  # baselines, filled in by the sweep
     pairs_throughput: float = 0.0
     pairs_model_throughput: float = 0.0
+    # The model fed this point's measured times (draft service, verify + wire, loopback transfer at N=1)
+    # instead of the nominal ones: how well it predicts when given live measurements, as the operator does.
+    model_measured_throughput: float = 0.0
+    model_measured_utilization: float = 0.0
+    ratio_measured: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def apply_measured_model(r: PointResult, inputs: ModelInputs, transfer: float) -> None:
+    """Fill the ``*_measured`` fields: the model with Tq = the point's mean service, Tp = what the targets
+    slept (verify and emulated wire), Tc = ``transfer`` (one way, measured where nothing queues)."""
+    if r.service_mean <= 0 or r.rounds == 0:
+        return
+    tc = max(0.0, transfer)
+    r.model_measured_throughput = model.throughput(
+        r.n, r.service_mean, r.verify_mean, tc, inputs.gamma, betas=inputs.betas
+    )
+    r.model_measured_utilization = model.utilization(r.n, r.service_mean, r.verify_mean, tc)
+    r.ratio_measured = r.throughput / r.model_measured_throughput if r.model_measured_throughput else 0.0
 
 
 def idle_gaps(intervals: Sequence[tuple[float, float]], t0: float, t1: float) -> list[float]:

@@ -14,20 +14,33 @@ def plot_star(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     from starsd import model
+    from starsd.bench.analysis import ModelInputs
 
     results = report["results"]
     mi = report["config"]["model_inputs"]
     p = report["config"]["profile"]
+    max_batch = int(report["config"].get("max_batch", 1))
+    curve = model.BatchCurve(tuple((int(b), float(t)) for b, t in p["batch_curve"])) if p["batch_curve"] else None
+    inputs = ModelInputs(
+        tq=mi["tq"],
+        tp=mi["tp"],
+        tc=mi["tc"],
+        gamma=mi["gamma"],
+        betas=(mi["alpha"],) * mi["gamma"],
+        max_batch=max_batch,
+        curve=curve,
+    )
     ns = [r["n"] for r in results]
     dense = list(range(1, max(ns) + 1))
-    betas = [mi["alpha"]] * mi["gamma"]
-    o_model = [model.throughput(n, mi["tq"], mi["tp"], mi["tc"], mi["gamma"], betas=betas) for n in dense]
-    u_model = [model.utilization(n, mi["tq"], mi["tp"], mi["tc"]) for n in dense]
+    points = [inputs.point(n) for n in dense]
+    o_model = [pt[0] for pt in points]
+    u_model = [pt[1] for pt in points]
     pair = next(r for r in results if r["n"] == 1)["throughput"]
     n_star = mi["optimal_targets"]
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
-    ax1.plot(dense, o_model, "-", color="tab:blue", label="model O(N)")
+    label = f"model O(N), batches up to {max_batch}" if max_batch > 1 and curve else "model O(N)"
+    ax1.plot(dense, o_model, "-", color="tab:blue", label=label)
     ax1.plot(ns, [r["throughput"] for r in results], "o", color="tab:blue", label="star, measured")
     ax1.plot(dense, [n * pair for n in dense], ":", color="tab:green", label="N independent pairs (N drafts)")
     ax1.plot(dense, [n / p["tp1"] for n in dense], "--", color="tab:gray", label="target-only decoding")

@@ -159,10 +159,12 @@ async def run_star(cfg: StarConfig, endpoint: DraftEndpoint, vocab_size: int, pr
     results = [analysis.summarize(m, inputs) for m in measurements]
     pair = next(r for r in results if r.n == 1)
     pair_model = inputs.point(1)[0]
+    transfer = pair.overhead_p50 / 2  # one way: the N=1 round trip minus service, where nothing queues
     for r in results:
         r.target_only_throughput = r.n / p.tp1
         r.pairs_throughput = r.n * pair.throughput
         r.pairs_model_throughput = r.n * pair_model
+        analysis.apply_measured_model(r, inputs, transfer)
     report = StarReport(config=_config_dict(cfg, inputs, measured_tq), results=results)
     # Other work on the machine shows up as overhead: say how busy it was.
     report.config["host"] = {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": _loadavg()}
@@ -201,7 +203,7 @@ def _config_dict(cfg: StarConfig, inputs: ModelInputs, measured_tq: float | None
             "alpha": cfg.profile.alpha,
             "expected_tokens_per_round": inputs.tokens_per_round,
             "cycle_time": model.cycle_time(inputs.tq, inputs.tp, inputs.tc),
-            "optimal_targets": model.optimal_targets(inputs.tq, inputs.tp, inputs.tc),
+            "optimal_targets": inputs.optimal_targets(),
         },
         "measured_service_time": measured_tq,
         "units": {
@@ -218,7 +220,7 @@ def _config_dict(cfg: StarConfig, inputs: ModelInputs, measured_tq: float | None
 
 def summarize_star(results: list[PointResult], inputs: ModelInputs, profile: Profile) -> dict[str, Any]:
     """The figures the issue asks for: the goals' verdicts and the star against its baselines at N*."""
-    n_star = model.optimal_targets(inputs.tq, inputs.tp, inputs.tc)
+    n_star = inputs.optimal_targets()
     pair = next(r for r in results if r.n == 1)
     at = min((r for r in results if r.n >= n_star), key=lambda r: r.n, default=results[-1])
     under = [r for r in results if r.regime == "UnderLoaded"]
@@ -227,6 +229,10 @@ def summarize_star(results: list[PointResult], inputs: ModelInputs, profile: Pro
         "optimal_targets": n_star,
         "min_ratio": min(r.ratio for r in results),
         "min_round_ratio": min(r.round_ratio for r in results),
+        "min_ratio_measured_inputs": min(r.ratio_measured for r in results),
+        "max_utilization_error_measured_inputs": max(
+            abs(r.utilization - r.model_measured_utilization) for r in results
+        ),
         "max_idle_fraction_fully_loaded": max((r.idle_fraction for r in full), default=None),
         "max_utilization_error_under_loaded": max(
             (abs(r.utilization - r.model_utilization) for r in under), default=None
@@ -266,7 +272,8 @@ def format_table(report: StarReport) -> str:
         "",
     ]
     head = (
-        f"{'N':>3} {'regime':<11} {'tok/s':>8} {'model':>8} {'ratio':>6} {'rnd':>6} {'util':>6} {'model':>6} "
+        f"{'N':>3} {'regime':<11} {'tok/s':>8} {'model':>8} {'ratio':>6} {'rnd':>6} {'m-rat':>6} {'util':>6} "
+        f"{'model':>6} {'m-util':>6} "
         f"{'idle':>6} {'gaps/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'mdl ms':>7} {'pairs':>8} {'tgt-only':>8} "
         f"{'cpu d/t':>9}"
     )
@@ -279,7 +286,8 @@ def format_table(report: StarReport) -> str:
         )
         lines.append(
             f"{r.n:>3} {r.regime:<11} {r.throughput:>8.1f} {r.model_throughput:>8.1f} {r.ratio:>6.3f} "
-            f"{r.round_ratio:>6.3f} {r.utilization * 100:>5.1f}% {r.model_utilization * 100:>5.1f}% "
+            f"{r.round_ratio:>6.3f} {r.ratio_measured:>6.3f} {r.utilization * 100:>5.1f}% "
+            f"{r.model_utilization * 100:>5.1f}% {r.model_measured_utilization * 100:>5.1f}% "
             f"{r.idle_fraction * 100:>5.1f}% {r.idle_gaps_per_second:>7.1f} {r.latency_p50 * 1e3:>7.2f} "
             f"{r.latency_p99 * 1e3:>7.2f} {r.model_round_time * 1e3:>7.2f} {r.pairs_throughput:>8.1f} "
             f"{r.target_only_throughput:>8.1f} {cpu:>9}"
@@ -292,6 +300,7 @@ def format_table(report: StarReport) -> str:
     lines += [
         "",
         "ratio = measured/model tokens/s; rnd = the same for rounds/s (free of acceptance luck); "
+        "m-rat, m-util = against the model fed the measured Tq, Tp and loopback Tc; "
         "cpu d/t = draft/targets process CPU",
         f"at N={a['n']} (N*={s['optimal_targets']}): star {a['star_throughput_per_draft']:.1f} tok/s per draft "
         f"accelerator vs {a['pairs_throughput_per_draft']:.1f} for a pair "

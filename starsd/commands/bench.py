@@ -127,10 +127,10 @@ def build_config(args: argparse.Namespace) -> tuple[StarConfig, list[str]]:
         changes["tq"] = service
     curve_text = args.batch_curve
     if curve_text:
-        curve = model.BatchCurve.parse(curve_text, unbatched=service if service is not None else prof.tq)
-        changes["batch_curve"] = curve.points
-        changes["tq"] = curve.tq(1)
-        service = curve.tq(1) if service is not None else None
+        given = model.BatchCurve.parse(curve_text, unbatched=service if service is not None else prof.tq)
+        changes["batch_curve"] = given.points
+        changes["tq"] = given.tq(1)
+        service = given.tq(1) if service is not None else None
     elif "tq" in changes and prof.batch_curve:
         changes["batch_curve"] = ()  # the profile's curve belongs to its own Tq
     if changes:
@@ -141,7 +141,15 @@ def build_config(args: argparse.Namespace) -> tuple[StarConfig, list[str]]:
         raise ValueError("--duration must be > 0 and --warmup >= 0")
     if args.session_tokens < 1:
         raise ValueError("--session-tokens must be >= 1")
-    n_star = model.optimal_targets(prof.tq, prof.tp, prof.tc)
+    curve = prof.curve()
+    if args.max_batch > 1 and curve is not None:
+        from starsd.bench.analysis import ModelInputs
+
+        n_star = ModelInputs(
+            prof.tq, prof.tp, prof.tc, prof.gamma, (prof.alpha,) * prof.gamma, args.max_batch, curve
+        ).optimal_targets()
+    else:
+        n_star = model.optimal_targets(prof.tq, prof.tp, prof.tc)
     cfg = StarConfig(
         profile=prof,
         ns=sweep_ns(args.n, n_star),
@@ -158,10 +166,9 @@ def build_config(args: argparse.Namespace) -> tuple[StarConfig, list[str]]:
     else:
         extra += ["--emulate-service-time", repr(service), "--vocab-size", str(args.vocab_size)]
         if args.max_batch > 1:
-            emulated_curve = prof.curve()
-            if emulated_curve is None:
+            if curve is None:
                 raise ValueError("--max-batch > 1 with an emulated draft needs a batch curve (--batch-curve)")
-            extra += ["--batch-curve", ",".join(f"{b}:{t!r}" for b, t in emulated_curve.points)]
+            extra += ["--batch-curve", ",".join(f"{b}:{t!r}" for b, t in curve.points)]
     if args.max_batch > 1:
         extra += ["--max-batch", str(args.max_batch)]
     return cfg, extra

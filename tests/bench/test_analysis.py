@@ -102,3 +102,24 @@ def test_batched_model_inputs_use_the_curve_up_to_max_batch() -> None:
     assert rt == pytest.approx(64 * 0.005 / 4)
     unbatched = ModelInputs(tq=0.004, tp=0.030, tc=0.001, gamma=4, betas=(0.8,) * 4, curve=curve)
     assert unbatched.point(64)[0] == pytest.approx(model.throughput(64, 0.004, 0.030, 0.001, 4, alpha=0.8))
+
+
+def test_the_model_fed_measured_times_explains_a_slower_run() -> None:
+    from starsd.bench.analysis import apply_measured_model
+
+    # Every round 2 ms slower than nominal (say, transport): the nominal model overestimates, the model fed
+    # the measured transfer does not.
+    runs = ideal_runs(2, 200)
+    for run in runs:
+        run.rounds = [
+            Round(r.sent + 0.002 * k, r.received + 0.002 * k + 0.002, r.committed + 0.002 * (k + 1), 3, 2, TQ)
+            for k, r in enumerate(run.rounds)
+        ]
+    c = TQ + TP + 2 * TC + 0.002
+    r = summarize(PointMeasurement(n=2, runs=runs, t0=10 * c, t1=150 * c), INPUTS)
+    assert r.round_ratio < 0.9
+    apply_measured_model(r, INPUTS, transfer=TC + 0.001)
+    assert r.model_measured_utilization == pytest.approx(2 * TQ / (TQ + r.verify_mean + 2 * (TC + 0.001)))
+    expected = model.throughput(2, TQ, r.verify_mean, TC + 0.001, 4, alpha=0.8)
+    assert r.model_measured_throughput == pytest.approx(expected)
+    assert r.ratio_measured == pytest.approx(r.throughput / expected)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from starsd.bench import profiles
+from starsd.bench.star import StarConfig
 from starsd.cli import main
 
 REQUIRED = ("n", "throughput", "model_throughput", "utilization", "idle_fraction", "latency_p50", "latency_p99")
@@ -86,3 +87,37 @@ def test_bad_flags_fail_fast_with_a_message(args: list[str], message: str, capsy
 def test_bench_without_a_benchmark_says_what_to_choose(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench"]) == 2
     assert "star" in capsys.readouterr().err
+
+
+def _config(*flags: str) -> tuple[StarConfig, list[str]]:
+    from starsd.cli import build_parser
+    from starsd.commands.bench import build_config
+
+    argv = ["bench", "star", *flags]
+    return build_config(build_parser(argv).parse_args(argv))
+
+
+def test_batching_run_passes_the_curve_to_the_draft_and_uses_the_batched_n_star() -> None:
+    cfg, extra = _config("--profile", "h100-llama3.1-70b-tp4_llama3.2-1b", "--max-batch", "8")
+    curve = cfg.profile.curve()
+    assert curve is not None
+    assert extra[extra.index("--max-batch") + 1] == "8"
+    assert extra[extra.index("--batch-curve") + 1].startswith("1:")
+    inputs = cfg.model_inputs()
+    assert inputs.optimal_targets() > 5 * profiles_n_star("h100-llama3.1-70b-tp4_llama3.2-1b")
+    assert inputs.optimal_targets() in cfg.ns  # the default sweep measures the (batched) N*
+
+
+def test_overriding_the_service_time_drops_a_curve_that_belonged_to_the_old_one() -> None:
+    cfg, extra = _config("--profile", "h100-llama3.1-70b-tp4_llama3.2-1b", "--draft-service-time", "0.004")
+    assert cfg.profile.tq == 0.004 and cfg.profile.batch_curve == ()
+    assert extra[extra.index("--emulate-service-time") + 1] == "0.004"
+    assert cfg.model_inputs().optimal_targets() == 5  # ceil(1 + (15.38 + 0.2) / 4)
+    assert 5 in cfg.ns  # the default sweep measures N*
+
+
+def profiles_n_star(name: str) -> int:
+    from starsd import model
+
+    p = profiles.get(name)
+    return model.optimal_targets(p.tq, p.tp, p.tc)
