@@ -7,6 +7,7 @@ cold build (tens of minutes on 2 cores); its progress is printed as it goes.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import uuid
@@ -57,7 +58,12 @@ def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
 @pytest.fixture(scope="session")
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     """The running cluster. Brought down at the end of the session, whatever happened (a SIGTERM is turned
-    into KeyboardInterrupt so that the teardown still runs)."""
+    into KeyboardInterrupt so that the teardown still runs). STARSD_E2E_REUSE_CLUSTER=1 uses a cluster that
+    is already up and leaves it up."""
+    if os.environ.get("STARSD_E2E_REUSE_CLUSTER") == "1" and (STATE_DIR / "kubeconfig").exists():
+        # For iterating on tests: use the cluster `make cluster-up` started, and leave it running.
+        yield Cluster(repo=REPO, state_dir=STATE_DIR)
+        return
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         if _uncaptured(request.config, ["bash", str(CLUSTER_SH), "up"]) != 0:

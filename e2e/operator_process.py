@@ -25,13 +25,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def chart_path(cluster: Cluster) -> str:
+    """The chart under test: charts/starsd, or $STARSD_E2E_CHART (e.g. a packaged .tgz of it)."""
+    return os.environ.get("STARSD_E2E_CHART") or str(cluster.repo / "charts" / "starsd")
+
+
 def install_chart(cluster: Cluster, *extra: str) -> None:
     """`helm install` (or upgrade) the chart into starsd-system and wait for its Deployment."""
     cluster.helm(
         "upgrade",
         "--install",
         RELEASE,
-        str(cluster.repo / "charts" / "starsd"),
+        chart_path(cluster),
         "--namespace",
         RELEASE_NAMESPACE,
         "--create-namespace",

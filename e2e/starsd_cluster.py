@@ -13,6 +13,8 @@ from e2e.kube import Cluster, condition, wait_until
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "examples" / "starsd-cluster.yaml"
 MANAGED = "app.kubernetes.io/managed-by=starsd-operator"
+# Fully qualified, so that kubectl never picks another group's resource of the same name or short name.
+RESOURCE = "starsdclusters.starsd.io"
 
 
 def sample(name: str = "chat") -> dict[str, Any]:
@@ -27,7 +29,7 @@ def apply(cluster: Cluster, namespace: str, doc: dict[str, Any]) -> None:
 
 
 def get(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
-    return dict(cluster.get("starsdcluster", name, namespace))
+    return dict(cluster.get(RESOURCE, name, namespace))
 
 
 def wait_ready(cluster: Cluster, namespace: str, name: str, replicas: int, timeout: float = 120) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from e2e.kube import Cluster
-from e2e.operator_process import RELEASE, RELEASE_NAMESPACE, OperatorProcess, install_chart
+from e2e.operator_process import RELEASE, RELEASE_NAMESPACE, OperatorProcess, chart_path, install_chart
 
 SA = f"system:serviceaccount:{RELEASE_NAMESPACE}:{RELEASE}-operator"
 
@@ -85,8 +85,7 @@ def test_documented_crd_upgrade_restores_the_chart_crd(cluster: Cluster, operato
     )
     assert "additionalPrinterColumns" not in cluster.get("crd", "starsdclusters.starsd.io")["spec"]["versions"][0]
 
-    chart = str(cluster.repo / "charts" / "starsd")
-    shown = cluster.helm("show", "crds", chart).stdout
+    shown = cluster.helm("show", "crds", chart_path(cluster)).stdout
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=shown)
     install_chart(cluster)  # helm upgrade --install
 

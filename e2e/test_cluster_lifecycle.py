@@ -57,12 +57,12 @@ def test_replicas_are_split_by_weight_through_the_spec_and_the_scale_subresource
     ssd.wait_ready(cluster, namespace, "chat", replicas=6)
 
     cluster.kubectl(
-        "patch", "ssd", "chat", "-n", namespace, "--type=merge", "-p", '{"spec":{"targets":{"replicas":3}}}'
+        "patch", ssd.RESOURCE, "chat", "-n", namespace, "--type=merge", "-p", '{"spec":{"targets":{"replicas":3}}}'
     )
     ssd.wait_ready(cluster, namespace, "chat", replicas=3)
     assert ssd.statefulset_replicas(cluster, namespace, "chat") == {"h100": 2, "l4": 1}
 
-    cluster.kubectl("scale", "ssd/chat", "--replicas=9", "-n", namespace)
+    cluster.kubectl("scale", f"{ssd.RESOURCE}/chat", "--replicas=9", "-n", namespace)  # kubectl scale ssd/chat
     obj = ssd.wait_ready(cluster, namespace, "chat", replicas=9)
     assert ssd.statefulset_replicas(cluster, namespace, "chat") == {"h100": 6, "l4": 3}
 
@@ -87,11 +87,14 @@ def test_deleting_the_cluster_garbage_collects_every_child(cluster: Cluster, nam
     ssd.wait_ready(cluster, namespace, "chat", replicas=6)
     assert all(ssd.children(cluster, namespace, "chat")[k] for k in ("deployments", "statefulsets", "services", "pods"))
 
-    cluster.kubectl("delete", "ssd", "chat", "-n", namespace, "--wait=true", "--timeout=60s")
+    cluster.kubectl("delete", ssd.RESOURCE, "chat", "-n", namespace, "--wait=false")
     wait_until(
-        "every child to be garbage-collected",
-        lambda: not any(ssd.children(cluster, namespace, "chat").values()),
-        timeout=90,
+        "the StarSDCluster and every child to be gone",
+        lambda: (
+            not cluster.get(ssd.RESOURCE, namespace=namespace)
+            and not any(ssd.children(cluster, namespace, "chat").values())
+        ),
+        timeout=120,
     )
     assert cluster.get("replicasets", namespace=namespace) == []
     assert cluster.get("controllerrevisions", namespace=namespace) == []

@@ -26,6 +26,22 @@ def test_fake_gpu_nodes_in_two_pools_are_ready(cluster: Cluster) -> None:
     assert all(any(t["key"] == "starsd.io/pool" and t["effect"] == "NoSchedule" for t in ts) for ts in h100_taints)
 
 
+def test_every_fake_node_heartbeats_through_a_lease(cluster: Cluster) -> None:
+    """Without leases the node lifecycle controller marks the nodes NotReady between kwok's status updates."""
+    fake = {n["metadata"]["name"] for n in cluster.get("nodes")}
+    leases = wait_until(
+        "a lease per fake node",
+        lambda: (
+            {le["metadata"]["name"] for le in cluster.get("leases", namespace="kube-node-lease")} >= fake
+            and cluster.get("leases", namespace="kube-node-lease")
+        ),
+        timeout=30,
+    )
+    for lease in leases:
+        assert lease["spec"]["leaseDurationSeconds"] == 40
+        assert lease["spec"].get("renewTime"), lease["metadata"]["name"]
+
+
 def test_server_version_is_the_built_release(cluster: Cluster) -> None:
     version = json.loads(cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]
     assert version["gitVersion"].startswith("v1.34.")

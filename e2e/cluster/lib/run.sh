@@ -117,14 +117,18 @@ cluster_up() {
     --authorization-kubeconfig="$CLUSTER_DIR/controller-manager.kubeconfig" \
     --leader-elect=false --bind-address=127.0.0.1 --secure-port="$cm_port" \
     --service-account-private-key-file="$PKI_DIR/sa.key" --root-ca-file="$PKI_DIR/ca.crt" \
-    --use-service-account-credentials=true --profiling=false
+    --use-service-account-credentials=true --profiling=false --node-monitor-grace-period=120s
   start kube-scheduler "$K8S_BIN/kube-scheduler" --kubeconfig="$CLUSTER_DIR/scheduler.kubeconfig" \
     --authentication-kubeconfig="$CLUSTER_DIR/scheduler.kubeconfig" \
     --authorization-kubeconfig="$CLUSTER_DIR/scheduler.kubeconfig" \
     --leader-elect=false --bind-address=127.0.0.1 --secure-port="$sched_port" --profiling=false
+  # kwok renews a Lease per fake node (every 10 s for a 40 s lease): the node lifecycle controller takes it as
+  # the heartbeat. Without leases the nodes flap NotReady between kwok's status patches and their pods lose
+  # Ready. The longer grace period tolerates a busy 2-core machine delaying a renewal.
   start kwok "$KWOK_BIN/kwok" --kubeconfig="$CLUSTER_DIR/kwok.kubeconfig" \
     --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
-    --cidr=10.244.0.0/16 --node-ip=10.240.0.1 --server-address="127.0.0.1:$kwok_port"
+    --cidr=10.244.0.0/16 --node-ip=10.240.0.1 --server-address="127.0.0.1:$kwok_port" \
+    --node-lease-duration-seconds=40
   wait_for kube-controller-manager 60 curl -fsSk "https://127.0.0.1:$cm_port/healthz"
   wait_for kube-scheduler 60 curl -fsSk "https://127.0.0.1:$sched_port/healthz"
 
