@@ -69,8 +69,8 @@ class DistillData:
     seed: int = 3
 
 
-TARGET_TRAIN = TrainConfig(steps=600, batch_size=8, seq_len=256, lr=2e-3, warmup_steps=30, seed=1)
-DRAFT_TRAIN = TrainConfig(steps=600, batch_size=8, seq_len=256, lr=3e-3, warmup_steps=30, seed=2)
+TARGET_TRAIN = TrainConfig(steps=500, batch_size=8, seq_len=256, lr=3e-3, warmup_steps=30, seed=1)
+DRAFT_TRAIN = TrainConfig(steps=300, batch_size=8, seq_len=256, lr=3e-3, warmup_steps=30, seed=2)
 DISTILL_WEIGHTS = DistillWeights()
 DISTILL_DATA = DistillData()
 EVALUATION = EvalConfig()
@@ -234,11 +234,14 @@ def train_pair(out: Path, recipe: Recipe = Recipe(), threads: int = 1, progress:
     report.seconds["target_training"] = time.perf_counter() - t0
     _save(target, tokenizer_fast, out / "target")
 
-    # 3. Draft: distillation from the target.
+    # 3. Draft: distillation from the target, on corpus windows and on the target's own greedy text.
     t0 = time.perf_counter()
+    generated = target_continuations(target, train_stream, recipe, ids["bos_token_id"], progress)
+    report.seconds["target_generation"] = time.perf_counter() - t0
     torch.manual_seed(recipe.seed + 1)
     draft = build_model(recipe.draft, vocab, pad_token_id=pad_id, **ids)
-    draft_losses = distill(draft, target, train_stream, recipe.draft_train, recipe.distill_weights, "draft", progress)
+    batches = distill_batches(train_stream, generated, recipe)
+    draft_losses = distill(draft, target, batches, recipe.draft_train, recipe.distill_weights, "draft", progress)
     report.seconds["draft_distillation"] = time.perf_counter() - t0
     _save(draft, tokenizer_fast, out / "draft")
     report.seconds["training_total"] = time.perf_counter() - started
@@ -288,7 +291,7 @@ def train_pair(out: Path, recipe: Recipe = Recipe(), threads: int = 1, progress:
     report.seconds["total"] = time.perf_counter() - started
 
     (out / "report.json").write_text(json.dumps(asdict(report), indent=2) + "\n")
-    (out / "README.md").write_text(render_readme(report, recipe))
+    (out / "README.md").write_text(render_readme(report))
     return report
 
 
@@ -296,90 +299,108 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB"
 
 
-def render_readme(report: Report, recipe: Recipe) -> str:
+def _spec_line(spec: dict[str, Any]) -> str:
+    return (
+        f"hidden {spec['hidden_size']}, {spec['num_layers']} layers, {spec['num_heads']} heads, "
+        f"feed-forward {spec['intermediate_size']}, max positions {spec['max_position_embeddings']}"
+    )
+
+
+def _schedule_line(cfg: dict[str, Any], tokens: int) -> str:
+    return (
+        f"{cfg['steps']} steps x {cfg['batch_size']} windows x {cfg['seq_len']} tokens ({tokens:,} tokens), "
+        f"AdamW peak lr {cfg['lr']:g}, {cfg['warmup_steps']} warm-up steps, cosine decay"
+    )
+
+
+def render_readme(report: Report) -> str:
     """The models directory's README: how the checkpoints were made and what they measure."""
     t, d = report.models["target"], report.models["draft"]
     tt, dt = report.training["target"], report.training["draft"]
-    ev, c, s = report.evaluation, report.corpus, report.seconds
-    ratio = t["parameters"] / d["parameters"]
+    ev, c, s, env = report.evaluation, report.corpus, report.seconds, report.environment
+    obj, data = dt["objective"], dt["data"]
+    corpus_rows = dt["config"]["batch_size"] - data["generated_per_batch"]
     hist = ", ".join(f"l={n}: {k}" for n, k in enumerate(ev["accepted_length_histogram"]))
-
-    def spec_line(spec: dict[str, Any]) -> str:
-        return (
-            f"hidden {spec['hidden_size']}, {spec['num_layers']} layers, {spec['num_heads']} heads, "
-            f"feed-forward {spec['intermediate_size']}, max positions {spec['max_position_embeddings']}"
-        )
-
-    def cfg_line(cfg: dict[str, Any], tokens: int) -> str:
-        return (
-            f"{cfg['steps']} steps x {cfg['batch_size']} windows x {cfg['seq_len']} tokens "
-            f"({tokens:,} tokens), AdamW peak lr {cfg['lr']:g}, {cfg['warmup_steps']} warm-up steps, cosine decay"
-        )
-
     acceptance = f"**{ev['per_token_acceptance']:.3f}** ({ev['accepted_tokens']:,} / {ev['drafted_tokens']:,})"
-    accepted_length = f"**{ev['mean_accepted_length']:.2f}** ({ev['rounds']:,} rounds; a round commits E[l] + 1 tokens)"
-    env = report.environment
-    return f"""# The shipped model pair
-
-`target/` and `draft/` are complete Hugging Face checkpoints (Llama, float32, safetensors) sharing one
-tokenizer. They load offline from a local path:
-
-```python
-from transformers import AutoModelForCausalLM, AutoTokenizer
-model = AutoModelForCausalLM.from_pretrained("models/target")
-tokenizer = AutoTokenizer.from_pretrained("models/target")
-```
-
-They are small enough to run on a laptop CPU and are trained to show speculative decoding working, not to
-write good code. Rebuild them with `starsd models train --out models` (this file and `report.json` are written
-by that command; numbers below are from the run that produced the committed files).
-
-## How they were made
-
-* **Text**: the `.py` sources of the Python {env["python"]} standard library, sorted by path; test suites,
-  `site-packages` and the generated codec tables in `encodings/` left out; files over 256 KiB skipped.
-  A file is held out for evaluation when a hash of its relative path says so (1 in 20):
-  {c["train_files"]} training files ({c["train_chars"]:,} characters, {c["train_tokens"]:,} tokens),
-  {c["held_out_files"]} held-out files ({c["held_out_tokens"]:,} tokens). Corpus sha256: `{c["sha256"][:16]}…`.
-* **Tokenizer**: byte-level BPE trained with `tokenizers` on the training files, {report.tokenizer["vocab_size"]}
-  ids including `<|bos|>` (0), `<|eos|>` (1) and `<|pad|>` (2). Encoding prepends `<|bos|>`; every training
-  document is `<|bos|> text <|eos|>`. Byte-level: any string round-trips exactly.
-* **Target**: {spec_line(t["spec"])}, tied embeddings: **{t["parameters"]:,} parameters**. Trained as a
-  language model: {cfg_line(tt["config"], tt["tokens_seen"])}.
-  Loss {tt["loss_first"]:.2f} -> {tt["loss_last_50_mean"]:.2f} (mean of the last 50 steps).
-* **Draft**: {spec_line(d["spec"])}, tied embeddings: **{d["parameters"]:,} parameters** ({ratio:.1f}x fewer than
-  the target). Distilled from the target on the same text: loss = {dt["objective"]["kl"]:g} x KL(target || draft)
-  + {dt["objective"]["hard"]:g} x cross-entropy towards the target's greedy token;
-  {cfg_line(dt["config"], dt["tokens_seen"])}. Loss {dt["loss_first"]:.2f} -> {dt["loss_last_50_mean"]:.2f}.
-* **Determinism**: fixed seeds, a fixed batch order, `torch.use_deterministic_algorithms(True)`, {env["torch_threads"]}
-  torch thread(s), CPU only (torch {env["torch"]}, {env["machine"]}). The same command on the same machine and
-  software rebuilds identical files; another CPU or thread count may round floats differently.
-
-## Sizes
-
-| | parameters | model.safetensors | directory |
-|---|---|---|---|
-| target | {t["parameters"]:,} | {_mb(t["safetensors_bytes"])} | {_mb(t["directory_bytes"])} |
-| draft | {d["parameters"]:,} | {_mb(d["safetensors_bytes"])} | {_mb(d["directory_bytes"])} |
-
-## Measured on held-out files
-
-Greedy speculative decoding, simulated exactly as the servers run it (the committed text is the target's own
-greedy output): {ev["prompts"]} prompts of `<|bos|>` plus {ev["prompt_tokens"]} tokens cut from held-out files,
-{ev["new_tokens_per_prompt"]} new tokens each, gamma = {ev["gamma"]}.
-
-| measure | value |
-|---|---|
-| per-token acceptance (accepted / drafted) | {acceptance} |
-| mean accepted length E[l] per round (of {ev["gamma"]}) | {accepted_length} |
-| rounds by accepted length | {hist} |
-| teacher-forced argmax agreement on held-out windows | {ev["teacher_forced_argmax_agreement"]:.3f} |
-| held-out loss (nats/token): target / draft | {ev["held_out_loss_target"]:.3f} / {ev["held_out_loss_draft"]:.3f} |
-
-## Time
-
-On this machine ({env["torch_threads"]} torch thread(s); the machine was shared with other jobs):
-corpus and tokenizer {s["corpus_and_tokenizer"]:.0f} s, target {s["target_training"]:.0f} s, draft
-{s["draft_distillation"]:.0f} s: **training {s["training_total"] / 60:.1f} min**; evaluation {s["evaluation"]:.0f} s;
-total {s["total"] / 60:.1f} min.
-"""
+    accepted_length = f"**{ev['mean_accepted_length']:.2f}** over {ev['rounds']:,} rounds"
+    losses = f"{ev['held_out_loss_target']:.3f} / {ev['held_out_loss_draft']:.3f}"
+    lines = [
+        "# The shipped model pair",
+        "",
+        "`target/` and `draft/` are complete Hugging Face checkpoints (Llama, float32, safetensors) sharing one",
+        "tokenizer. They load offline from a local path:",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        'model = AutoModelForCausalLM.from_pretrained("models/target")',
+        'tokenizer = AutoTokenizer.from_pretrained("models/target")',
+        "```",
+        "",
+        "They are small enough to run on a laptop CPU and are trained to show speculative decoding working, not",
+        "to write good code. `starsd models train --out models` rebuilds them and writes this file and",
+        "`report.json`; the numbers below come from the run that produced the committed files.",
+        "",
+        "## How they were made",
+        "",
+        f"* **Text**: the `.py` sources of the Python {env['python']} standard library, sorted by path; test",
+        "  suites, `site-packages` and the generated codec tables in `encodings/` left out; files over 256 KiB",
+        "  skipped. A file is held out for evaluation when a hash of its relative path says so (1 in 20):",
+        f"  {c['train_files']} training files ({c['train_chars']:,} characters, {c['train_tokens']:,} tokens),",
+        f"  {c['held_out_files']} held-out files ({c['held_out_tokens']:,} tokens).",
+        f"  Corpus sha256 `{c['sha256'][:16]}` (over every file's path and text; see `report.json`).",
+        "* **Tokenizer**: byte-level BPE trained with `tokenizers` on the training files,",
+        f"  {report.tokenizer['vocab_size']} ids including `<|bos|>` (0), `<|eos|>` (1) and `<|pad|>` (2).",
+        "  Encoding prepends `<|bos|>`; every training document is `<|bos|> text <|eos|>`. Byte-level: any",
+        "  string round-trips exactly.",
+        f"* **Target**: {_spec_line(t['spec'])}, tied embeddings: **{t['parameters']:,} parameters**.",
+        f"  Trained as a language model: {_schedule_line(tt['config'], tt['tokens_seen'])}.",
+        f"  Loss {tt['loss_first']:.2f} -> {tt['loss_last_50_mean']:.2f} (mean of the last 50 steps).",
+        f"* **Draft**: {_spec_line(d['spec'])}, tied embeddings: **{d['parameters']:,} parameters**",
+        f"  ({t['parameters'] / d['parameters']:.1f}x fewer than the target). Distilled from the target:",
+        f"  loss = {obj['kl']:g} x KL(target || draft) + {obj['hard']:g} x cross-entropy towards the target's",
+        f"  greedy token, on batches that join {corpus_rows} corpus windows with {data['generated_per_batch']} rows",
+        f"  of the target's own greedy text ({data['generated_sequences']} continuations of",
+        f"  {data['prompt_tokens']}-token training prompts, generated once and cycled through; greedy",
+        "  verification compares the draft with the target's argmax in text the target wrote itself).",
+        f"  {_schedule_line(dt['config'], dt['tokens_seen'])}.",
+        f"  Loss {dt['loss_first']:.2f} -> {dt['loss_last_50_mean']:.2f} (mean of the last 50 steps).",
+        "* **Determinism**: fixed seeds, a fixed batch order, `torch.use_deterministic_algorithms(True)`,",
+        f"  {env['torch_threads']} torch thread(s), CPU only (torch {env['torch']}, {env['machine']}). The same",
+        "  command on the same machine and software rebuilds identical files; another CPU or thread count",
+        "  may round floats differently.",
+        "",
+        "## Sizes",
+        "",
+        "| | parameters | model.safetensors | directory |",
+        "|---|---|---|---|",
+        f"| target | {t['parameters']:,} | {_mb(t['safetensors_bytes'])} | {_mb(t['directory_bytes'])} |",
+        f"| draft | {d['parameters']:,} | {_mb(d['safetensors_bytes'])} | {_mb(d['directory_bytes'])} |",
+        "",
+        "## Measured on held-out files",
+        "",
+        "Greedy speculative decoding, simulated as the servers run it (the committed text is the target's own",
+        f"greedy output): {ev['prompts']} prompts of `<|bos|>` plus {ev['prompt_tokens']} tokens cut from",
+        f"held-out files, {ev['new_tokens_per_prompt']} new tokens each, gamma = {ev['gamma']}.",
+        "",
+        "| measure | value |",
+        "|---|---|",
+        f"| per-token acceptance (accepted / drafted) | {acceptance} |",
+        f"| mean accepted length E[l] (of {ev['gamma']}; a round commits E[l] + 1 tokens) | {accepted_length} |",
+        f"| rounds by accepted length l | {hist} |",
+        f"| teacher-forced argmax agreement on held-out windows | {ev['teacher_forced_argmax_agreement']:.3f} |",
+        f"| held-out loss (nats/token): target / draft | {losses} |",
+        "",
+        "How to read it: a model this small often falls into repeating itself under greedy decoding, and the",
+        "draft learns those loops well (the rounds with l = gamma). The teacher-forced agreement, measured on",
+        "real held-out text rather than on the target's own output, is the stricter number.",
+        "",
+        "## Time",
+        "",
+        f"On this machine ({env['torch_threads']} torch thread(s), shared with other jobs): corpus and tokenizer",
+        f"{s['corpus_and_tokenizer']:.0f} s, target {s['target_training']:.0f} s, draft",
+        f"{s['draft_distillation']:.0f} s (of which {s['target_generation']:.0f} s generating the target's",
+        f"text): **training {s['training_total'] / 60:.1f} min**; evaluation {s['evaluation']:.0f} s;",
+        f"total {s['total'] / 60:.1f} min.",
+        "",
+    ]
+    return "\n".join(lines)
