@@ -171,6 +171,8 @@ def _repair(
     generation = body["metadata"].get("generation")
     if observed_generation != generation or memory.reconcile_error is not None:
         return observed
+    if body["metadata"].get("deletionTimestamp"):  # going away: its children are being collected
+        return observed
     names = [naming.draft_name(owner)] + [naming.pool_name(owner, p.name) for p in spec.pools]
     present = {(o.get("metadata") or {}).get("name") for o in [*observed.deployments, *observed.statefulsets]}
     if all(n in present for n in names):

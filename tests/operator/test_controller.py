@@ -160,6 +160,16 @@ def test_workloads_deleted_behind_the_operators_back_are_applied_again() -> None
     assert ("StatefulSet", "chat-target-l4") in kube.applied
 
 
+def test_no_repair_of_a_cluster_being_deleted() -> None:
+    body = f.body()
+    kube, memory = reconciled(body)
+    kube.delete("StatefulSet", "ml", "chat-target-l4")
+    kube.applied.clear()
+    body["metadata"]["deletionTimestamp"] = "2026-03-01T12:00:00Z"
+    controller.tick(kube, body, CONFIG, memory, now=T0, fetch=under_loaded)
+    assert kube.applied == []
+
+
 def test_no_repair_while_the_handler_has_not_applied_this_generation() -> None:
     body = f.body(generation=2)
     kube, memory = FakeKube(), Memory()
