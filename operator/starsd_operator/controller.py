@@ -151,7 +151,7 @@ def tick(
     )
     events: list[Event] = []
     if spec is not None:
-        obs, events = _rebalance(kube, body, config, memory, spec, obs, now=now, fetch=fetch)
+        obs, events = _rebalance(kube, body, memory, spec, obs, now=now, fetch=fetch)
     new = status.build(obs, previous, now)
     return TickResult(status_patch=status.merge_patch(previous, new), events=events)
 
@@ -189,7 +189,6 @@ def _repair(
 def _rebalance(
     kube: Kube,
     body: Mapping[str, Any],
-    config: Config,
     memory: Memory,
     spec: ClusterSpec,
     obs: status.Observation,

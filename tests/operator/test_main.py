@@ -109,3 +109,14 @@ def test_successful_ticks_are_not_logged() -> None:
     assert not quiet.filter(record("Timer 'tick' succeeded."))
     assert quiet.filter(record("Handler 'reconcile' succeeded."))
     assert quiet.filter(record("Timer 'tick' failed with an exception. Will retry."))
+
+
+def test_starsd_operator_help_lists_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    from starsd import cli
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["operator", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--namespace", "--liveness-port", "--liveness", "--interval", "--load-timeout"):
+        assert flag in out
