@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A real Kubernetes control plane for the e2e tests, without containers: etcd, kube-apiserver,
 # kube-controller-manager and kube-scheduler built from their Go modules, kwok simulating the kubelets of
-# fake GPU nodes. See ../../../shared/K8S_TEST_CLUSTER.md for why, and README.md beside this script.
+# fake GPU nodes. See e2e/README.md.
 #
 #   cluster.sh build        build every component into the cache (a no-op when cached)
 #   cluster.sh build-helm   build only helm (what the chart tests need)
