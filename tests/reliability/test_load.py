@@ -1,0 +1,168 @@
+"""Many concurrent clients for a bounded time against a star: nothing lost, greedy output exact, memory flat.
+
+The figures (requests, failures, p50/p99 latency, tokens, the draft's memory and sessions) are printed and
+written to bench/results/reliability-load*.json; latency is reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import PROMPTS, Reference
+from tests.reliability import workload
+from tests.reliability.conftest import (
+    ProxiedStar,
+    draft_load,
+    draft_metrics,
+    draft_rss_bytes,
+    soak_only,
+    wait_sessions_freed,
+)
+from tests.reliability.workload import Outcome, Workload
+
+MAX_TOKENS = (8, 24, 48)
+MIB = 1 << 20
+# The draft's resident memory may move by allocator noise between two idle points, not by what a load leaves
+# behind. A leak of per-session state (a KV cache, a queue entry, a load sample) grows with the number of
+# sessions served, thousands here: far beyond this bound for the shipped models as well as the tiny ones.
+RSS_SLACK = 48 * MIB
+
+
+def greedy_mismatches(outcomes: Sequence[Outcome], oracle: Reference) -> list[str]:
+    bad = []
+    for o in outcomes:
+        if o.ok and o.greedy:
+            want = oracle.greedy(o.prompt, o.max_tokens)
+            if o.token_ids != want:
+                bad.append(f"{o.url} {o.prompt!r} max_tokens={o.max_tokens}: got {o.token_ids} want {want}")
+    return bad
+
+
+def sampled_shape_errors(outcomes: Sequence[Outcome], vocab_size: int) -> list[str]:
+    bad = []
+    for o in outcomes:
+        in_range = all(0 <= t < vocab_size for t in o.token_ids)
+        if o.ok and not o.greedy and not (len(o.token_ids) <= o.max_tokens and in_range):
+            bad.append(f"{o.prompt!r}: {o.token_ids}")
+    return bad
+
+
+def prime_oracle(oracle: Reference) -> None:
+    """Compute every expected output before the load, so the checks after it cost nothing and the test process
+    does not compete with the servers for CPU while they are measured."""
+    for prompt in PROMPTS:
+        for n in MAX_TOKENS:
+            oracle.greedy(prompt, n)
+
+
+class DraftSampler:
+    """Samples the draft's sessions gauge, queue depth and memory during a run, in a thread of its own."""
+
+    def __init__(self, star: ProxiedStar, interval: float = 0.5) -> None:
+        self.star = star.star
+        self.interval = interval
+        self.samples: list[dict[str, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="draft-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                m = draft_metrics(self.star)
+                self.samples.append(
+                    {
+                        "sessions": m["starsd_draft_sessions"],
+                        "queue": m["starsd_draft_queue_depth"],
+                        "rss": float(draft_rss_bytes(self.star)),
+                    }
+                )
+            except (OSError, KeyError, AssertionError):
+                pass  # the draft may be down on purpose
+
+    def __enter__(self) -> DraftSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def peak(self, name: str) -> float:
+        return max((s[name] for s in self.samples), default=0.0)
+
+
+def run_load(
+    star: ProxiedStar, oracle: Reference, name: str, clients: int, duration: float, max_requests: int = 5000
+) -> dict[str, Any]:
+    prime_oracle(oracle)
+    s = star.star
+    # A first wave brings the draft to its working set (allocator pools, gRPC buffers, session caches).
+    warm = workload.run(Workload(star.urls, PROMPTS, clients=clients, duration=3.0, max_tokens=MAX_TOKENS, seed=1))
+    assert all(o.ok for o in warm), workload.failures(warm)
+    wait_sessions_freed(s)
+    rss_before = draft_rss_bytes(s)
+    served_before = draft_metrics(s)["starsd_draft_requests_total"]
+
+    work = Workload(
+        star.urls, PROMPTS, clients=clients, duration=duration, max_requests=max_requests, max_tokens=MAX_TOKENS, seed=2
+    )
+    start = time.monotonic()
+    with DraftSampler(star) as sampler:
+        outcomes = workload.run(work)
+    wall = time.monotonic() - start
+    freed_after = wait_sessions_freed(s)
+    rss_after = draft_rss_bytes(s)
+    load = draft_load(s)
+    figures = workload.summarize(
+        outcomes,
+        wall,
+        clients=clients,
+        targets=len(star.urls),
+        duration_s=duration,
+        draft_requests_served=int(draft_metrics(s)["starsd_draft_requests_total"] - served_before),
+        draft_rss_before_mib=round(rss_before / MIB, 1),
+        draft_rss_after_mib=round(rss_after / MIB, 1),
+        draft_rss_peak_mib=round(sampler.peak("rss") / MIB, 1),
+        draft_sessions_peak=int(sampler.peak("sessions")),
+        draft_queue_peak=int(sampler.peak("queue")),
+        draft_sessions_after=0,
+        sessions_freed_within_s=round(freed_after, 2),
+        draft_load_after=load,
+        model_pair=[str(p) for p in star.pair],
+    )
+    workload.report(name, figures)
+
+    assert all(o.ok for o in outcomes), workload.failures(outcomes)
+    assert figures["requests_sent"] >= clients  # the run did happen
+    mismatches = greedy_mismatches(outcomes, oracle)
+    assert not mismatches, f"{len(mismatches)} greedy outputs differ from the target alone:\n" + "\n".join(
+        mismatches[:5]
+    )
+    shape = sampled_shape_errors(outcomes, oracle.model.vocab_size)
+    assert not shape, shape[:5]
+    assert figures["drafted_tokens"] > 0 and figures["accepted_tokens"] > 0  # the draft was used
+    assert figures["draft_sessions_peak"] > 0  # sessions were open during the load (and are all freed now)
+    assert rss_after - rss_before < RSS_SLACK, (
+        f"the draft's memory grew by {(rss_after - rss_before) / MIB:.1f} MiB over a load "
+        f"({figures['requests_sent']} requests) after which every session was freed"
+    )
+    return figures
+
+
+@pytest.mark.timeout(900)
+def test_many_clients_lose_nothing_get_the_targets_output_and_leave_the_draft_memory_flat(
+    healthy_star: ProxiedStar, oracle: Reference
+) -> None:
+    run_load(healthy_star, oracle, "load", clients=16, duration=15.0)
+
+
+@pytest.mark.slow
+@soak_only
+@pytest.mark.timeout(3600)
+def test_soak_many_clients_for_minutes(healthy_star: ProxiedStar, oracle: Reference) -> None:
+    run_load(healthy_star, oracle, "load-soak", clients=48, duration=600.0, max_requests=200_000)
