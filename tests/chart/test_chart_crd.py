@@ -60,5 +60,6 @@ def test_rendered_sample_fits_the_crd_schema(render: Callable[..., Rendered], va
 
 
 def test_unknown_field_check_finds_a_typo() -> None:
-    schema = {"properties": {"spec": {"properties": {"pools": {"items": {"properties": {"name": {}}}}}}}}
+    pools = {"items": {"properties": {"name": {}}}}
+    schema: dict[str, Any] = {"properties": {"spec": {"properties": {"pools": pools}}}}
     assert unknown_fields({"spec": {"pools": [{"name": "a", "wieght": 2}]}}, schema) == [".spec.pools[0].wieght"]
