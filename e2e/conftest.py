@@ -41,6 +41,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def _uncaptured(config: pytest.Config, argv: list[str]) -> int:
     """Runs argv with pytest's output capture off, so its progress reaches the terminal."""
     capture = config.pluginmanager.getplugin("capturemanager")
+    if capture is None:  # run with -p no:capture
+        return subprocess.run(argv, check=False).returncode
     with capture.global_and_fixture_disabled():
         return subprocess.run(argv, check=False).returncode
 
