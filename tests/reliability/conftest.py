@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from starsd.faults import ThreadedFaultProxy
 from starsd.local import LocalStar, Proc, default_models_dir, free_port, http_json
 from starsd.runners import load_checkpoint
-from tests.integration.conftest import Reference
+from tests.integration.conftest import PROMPTS, Reference
 
 SOAK = os.environ.get("STARSD_SOAK") == "1"
 DRAFT_TIMEOUT = 1.0  # the star's targets: --draft-timeout (seconds a round waits for the draft)
@@ -48,6 +48,13 @@ def pair(request: pytest.FixtureRequest) -> tuple[Path, Path]:
 def oracle(pair: tuple[Path, Path]) -> Reference:
     """The target alone (no draft, no server): greedy output must equal it token for token."""
     return Reference(load_checkpoint(pair[1]))
+
+
+def long_greedy_prompts(oracle: Reference, n: int, max_tokens: int) -> list[str | list[int]]:
+    """Prompts whose greedy output runs the full ``max_tokens`` (no early end of sequence)."""
+    found = [p for p in PROMPTS if len(oracle.greedy(p, max_tokens)) == max_tokens]
+    assert found, "no prompt generates without an early end of sequence"
+    return [found[i % len(found)] for i in range(n)]
 
 
 # --- probes of the draft ------------------------------------------------------------------------------------
@@ -190,9 +197,8 @@ def proxied_star(pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFacto
         proxy.stop()
 
 
-@pytest.fixture
-def healthy_star(proxied_star: ProxiedStar) -> ProxiedStar:
-    """The shared star as a test expects to find it: draft up, plain link, every target reaching the draft."""
+def make_healthy(proxied_star: ProxiedStar) -> ProxiedStar:
+    """Put the shared star back as a test expects to find it: draft up, plain link, every target linked."""
     star = proxied_star.star
     proxied_star.proxy.set_delay(0.0)
     proxied_star.proxy.set_refusing(False)
@@ -202,3 +208,8 @@ def healthy_star(proxied_star: ProxiedStar) -> ProxiedStar:
     assert not dead, f"targets of the shared star died: {dead}"
     wait_linked(star.urls)
     return proxied_star
+
+
+@pytest.fixture
+def healthy_star(proxied_star: ProxiedStar) -> ProxiedStar:
+    return make_healthy(proxied_star)

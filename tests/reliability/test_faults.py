@@ -11,8 +11,6 @@ Each test prints its figures and writes them to bench/results/reliability-<name>
 
 from __future__ import annotations
 
-import http.client
-import json
 import random
 import threading
 import time
@@ -33,13 +31,14 @@ from tests.reliability.conftest import (
     draft_load,
     draft_metrics,
     draft_sessions,
+    long_greedy_prompts,
     soak_only,
     start_target,
     wait_linked,
     wait_sessions_freed,
 )
 from tests.reliability.test_load import MAX_TOKENS, greedy_mismatches, prime_oracle
-from tests.reliability.workload import Outcome, Workload
+from tests.reliability.workload import HeldStream, Outcome, Workload
 
 RUN_CAP = 900.0  # seconds: the most any faulted load may run (the faults end it much earlier)
 
@@ -165,49 +164,6 @@ def test_cut_draft_connections_are_reopened_and_lose_no_request(healthy_star: Pr
 
 
 # --- a target killed ------------------------------------------------------------------------------------
-
-
-def long_greedy_prompts(oracle: Reference, n: int, max_tokens: int) -> list[str | list[int]]:
-    """Prompts whose greedy output runs the full ``max_tokens`` (no early end of sequence)."""
-    found = [p for p in PROMPTS if len(oracle.greedy(p, max_tokens)) == max_tokens]
-    assert found, "no prompt generates without an early end of sequence"
-    return [found[i % len(found)] for i in range(n)]
-
-
-class HeldStream:
-    """A streaming completion read up to its first event, then held open."""
-
-    def __init__(self, url: str, prompt: str | list[int], max_tokens: int) -> None:
-        host, _, port = url.removeprefix("http://").rpartition(":")
-        self.conn = http.client.HTTPConnection(host, int(port), timeout=120)
-        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
-        self.conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-        self.response = self.conn.getresponse()
-        self.status = self.response.status
-        self.first = b""
-        while self.status == 200 and not self.first.startswith(b"data: "):
-            self.first = self.response.readline()
-            if not self.first:
-                break
-
-    def finish(self) -> tuple[bool, list[int]]:
-        """Read to the end: (saw [DONE], the token ids of the usage event)."""
-        done, ids = False, list[int]()
-        try:
-            for raw in self.response:
-                line = raw.decode().strip()
-                if line == "data: [DONE]":
-                    done = True
-                elif line.startswith("data: "):
-                    event = json.loads(line[6:])
-                    ids = event.get("starsd", {}).get("token_ids", ids)
-        except (OSError, http.client.HTTPException):
-            pass
-        self.conn.close()
-        return done, ids
-
-    def close(self) -> None:
-        self.conn.close()
 
 
 @pytest.fixture

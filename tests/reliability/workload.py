@@ -8,6 +8,7 @@ each one against the oracle afterwards. Streaming and non-streaming, greedy and 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import random
 import threading
@@ -205,3 +206,39 @@ def failures(outcomes: Sequence[Outcome], limit: int = 5) -> str:
 
 def as_json(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
     return [asdict(o) for o in outcomes]
+
+
+class HeldStream:
+    """A streaming completion read up to its first event, then held open."""
+
+    def __init__(self, url: str, prompt: str | list[int], max_tokens: int) -> None:
+        host, _, port = url.removeprefix("http://").rpartition(":")
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=120)
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+        self.conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        self.response = self.conn.getresponse()
+        self.status = self.response.status
+        self.first = b""
+        while self.status == 200 and not self.first.startswith(b"data: "):
+            self.first = self.response.readline()
+            if not self.first:
+                break
+
+    def finish(self) -> tuple[bool, list[int]]:
+        """Read to the end: (saw [DONE], the token ids of the usage event)."""
+        done, ids = False, list[int]()
+        try:
+            for raw in self.response:
+                line = raw.decode().strip()
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: "):
+                    event = json.loads(line[6:])
+                    ids = event.get("starsd", {}).get("token_ids", ids)
+        except (OSError, http.client.HTTPException):
+            pass
+        self.conn.close()
+        return done, ids
+
+    def close(self) -> None:
+        self.conn.close()
