@@ -43,6 +43,13 @@ class Cluster:
         """Environment for a process that should talk to this cluster as the admin."""
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PATH": f"{self.bin_dir}:{os.environ['PATH']}"}
 
+    def track(self, name: str, pid: int) -> None:
+        """Records a process a test started, so that `cluster.sh down` stops it even if pytest was killed."""
+        (self.state_dir / "pids" / f"test-{name}.pid").write_text(f"{pid}\n")
+
+    def untrack(self, name: str) -> None:
+        (self.state_dir / "pids" / f"test-{name}.pid").unlink(missing_ok=True)
+
     def _run(
         self, tool: str, args: tuple[str, ...], stdin: str | None, check: bool, timeout: float, kubeconfig: Path | None
     ) -> subprocess.CompletedProcess[str]:

@@ -110,6 +110,7 @@ class OperatorProcess:
             stderr=subprocess.STDOUT,
             cwd=self.cluster.repo,
         )
+        self.cluster.track("operator", self.proc.pid)
         wait_until("the operator's /healthz", self.healthy, timeout=60)
 
     def healthy(self) -> bool:
@@ -139,6 +140,7 @@ class OperatorProcess:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
         self.proc = None
+        self.cluster.untrack("operator")
         if self._log:
             self._log.close()
             self._log = None

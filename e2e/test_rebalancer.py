@@ -71,13 +71,16 @@ class EmulatedLoad:
 
 
 @pytest.fixture
-def draft() -> Iterator[DraftProcess]:
+def draft(cluster: Cluster) -> Iterator[DraftProcess]:
     process = DraftProcess(["--emulate-service-time", "0.004"])
-    asyncio.run(process.start())
     try:
+        asyncio.run(process.start())
+        assert process.proc is not None
+        cluster.track("draft", process.proc.pid)
         yield process
     finally:
         process.stop()
+        cluster.untrack("draft")
 
 
 def rebalanced_events(cluster: Cluster, namespace: str) -> list[dict]:

@@ -140,23 +140,29 @@ cluster_up() {
   log "cluster up in $(( SECONDS - start ))s: export KUBECONFIG=$CLUSTER_DIR/kubeconfig PATH=$CLUSTER_DIR/bin:\$PATH"
 }
 
-# cluster_down [quiet]: stops every recorded component (TERM, then KILL after 10 s) and removes the
-# cluster state except logs/. Idempotent.
+# stop_pidfile FILE MARKER: stops the process recorded in FILE if it still runs MARKER (TERM, then KILL
+# after 10 s), removes FILE; true when it stopped something.
+stop_pidfile() {
+  local file="$1" marker="$2" pid waited=0
+  [[ -f "$file" ]] || return 1
+  pid="$(cat "$file")"
+  rm -f "$file"
+  ours "$pid" "$marker" || return 1
+  kill -TERM "$pid" 2>/dev/null || true
+  while ours "$pid" "$marker" && (( waited < 100 )); do sleep 0.1; waited=$((waited + 1)); done
+  if ours "$pid" "$marker"; then kill -KILL "$pid" 2>/dev/null || true; fi
+}
+
+# cluster_down [quiet]: stops what the tests started beside the cluster (pids/test-*.pid: the operator, a
+# draft server), then every component in reverse start order, and removes the cluster state except logs/.
+# Idempotent: safe after a failed or killed run.
 cluster_down() {
-  local i name pidfile pid stopped=0
+  local i file stopped=0
+  for file in "$PIDS_DIR"/test-*.pid; do
+    if stop_pidfile "$file" starsd; then stopped=$((stopped + 1)); fi
+  done
   for (( i=${#COMPONENTS[@]}-1; i>=0; i-- )); do
-    name="${COMPONENTS[i]}"
-    pidfile="$PIDS_DIR/$name.pid"
-    [[ -f "$pidfile" ]] || continue
-    pid="$(cat "$pidfile")"
-    if ours "$pid" "$name"; then
-      kill -TERM "$pid" 2>/dev/null || true
-      local waited=0
-      while ours "$pid" "$name" && (( waited < 100 )); do sleep 0.1; waited=$((waited + 1)); done
-      if ours "$pid" "$name"; then kill -KILL "$pid" 2>/dev/null || true; fi
-      stopped=$((stopped + 1))
-    fi
-    rm -f "$pidfile"
+    if stop_pidfile "$PIDS_DIR/${COMPONENTS[i]}.pid" "${COMPONENTS[i]}"; then stopped=$((stopped + 1)); fi
   done
   # Keep only the logs, for a look after a failed run.
   if [[ -d "$CLUSTER_DIR" ]]; then
