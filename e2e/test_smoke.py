@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from e2e.kube import Cluster, KubectlError, condition, condition_status, wait_until
 
@@ -29,14 +30,12 @@ def test_fake_gpu_nodes_in_two_pools_are_ready(cluster: Cluster) -> None:
 def test_every_fake_node_heartbeats_through_a_lease(cluster: Cluster) -> None:
     """Without leases the node lifecycle controller marks the nodes NotReady between kwok's status updates."""
     fake = {n["metadata"]["name"] for n in cluster.get("nodes")}
-    leases = wait_until(
-        "a lease per fake node",
-        lambda: (
-            {le["metadata"]["name"] for le in cluster.get("leases", namespace="kube-node-lease")} >= fake
-            and cluster.get("leases", namespace="kube-node-lease")
-        ),
-        timeout=30,
-    )
+
+    def node_leases() -> list[dict[str, Any]] | None:
+        leases = list(cluster.get("leases", namespace="kube-node-lease"))
+        return leases if {le["metadata"]["name"] for le in leases} >= fake else None
+
+    leases = wait_until("a lease per fake node", node_leases, timeout=30)
     for lease in leases:
         assert lease["spec"]["leaseDurationSeconds"] == 40
         assert lease["spec"].get("renewTime"), lease["metadata"]["name"]
