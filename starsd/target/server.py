@@ -106,16 +106,8 @@ class TargetApp:
         return web.json_response({"object": "list", "data": [model]})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        try:
-            body = await request.json(loads=json.loads)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise RequestError(f"the request body is not valid JSON: {exc}") from None
-        req = parse_completion(body, self.limits, (self.options.served_model,))
-        tokenizer = self.engine.loaded.tokenizer
-        prompt_ids = tokenizer.encode(req.prompt) if isinstance(req.prompt, str) else req.prompt
-        if not prompt_ids:
-            raise RequestError("the prompt encodes to no tokens", param="prompt")
-        check_context(len(prompt_ids), req.max_tokens, self.limits)
+        # Admission first: a full target refuses before it reads, parses or encodes anything, and the slot is held
+        # while the prompt is encoded, so concurrent encodes are bounded by the same limit.
         if self.active >= self.options.max_concurrency:
             self.engine.metrics.requests.labels(status="429").inc()
             err = RequestError(
@@ -127,12 +119,30 @@ class TargetApp:
         self.active += 1
         self.engine.metrics.active.set(self.active)
         try:
+            try:
+                body = await request.json(loads=json.loads)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise RequestError(f"the request body is not valid JSON: {exc}") from None
+            req = parse_completion(body, self.limits, (self.options.served_model,))
+            prompt_ids = await self._encode(req.prompt)
+            if not prompt_ids:
+                raise RequestError("the prompt encodes to no tokens", param="prompt")
+            check_context(len(prompt_ids), req.max_tokens, self.limits)
             if req.stream:
                 return await self._stream(request, req, prompt_ids)
             return await self._complete(req, prompt_ids)
         finally:
             self.active -= 1
             self.engine.metrics.active.set(self.active)
+
+    async def _encode(self, prompt: str | list[int]) -> list[int]:
+        """Token ids of the prompt. Encoding takes time in proportion to the text (about a second per MiB) and the
+        tokenizer releases the GIL: run it on a worker thread, so other completions' rounds go on meanwhile."""
+        if not isinstance(prompt, str):
+            return prompt
+        tokenizer = self.engine.loaded.tokenizer
+        ids: list[int] = await asyncio.get_running_loop().run_in_executor(None, tokenizer.encode, prompt)
+        return ids
 
     def _params(self, req: CompletionRequest) -> SamplingParams:
         return SamplingParams(temperature=req.temperature, top_p=req.top_p, seed=req.seed)
