@@ -146,7 +146,7 @@ async def run_star(cfg: StarConfig, endpoint: DraftEndpoint, vocab_size: int, pr
         session_tokens=cfg.session_tokens,
     )
     measurements: list[PointMeasurement] = []
-    load_before = _loadavg()
+    load_before, pressure_before = _loadavg(), _cpu_pressure()
     async with aiohttp.ClientSession() as http:
         for n in cfg.ns:
             m = await measure_point(endpoint, n, spec, cfg, http if endpoint.load_url else None)
@@ -167,7 +167,13 @@ async def run_star(cfg: StarConfig, endpoint: DraftEndpoint, vocab_size: int, pr
         analysis.apply_measured_model(r, inputs, transfer)
     report = StarReport(config=_config_dict(cfg, inputs, measured_tq), results=results)
     # Other work on the machine shows up as overhead: say how busy it was.
-    report.config["host"] = {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": _loadavg()}
+    report.config["host"] = {
+        "cpus": os.cpu_count(),
+        "loadavg_before": load_before,
+        "loadavg_after": _loadavg(),
+        "cpu_pressure_avg60_before": pressure_before,
+        "cpu_pressure_avg60_after": _cpu_pressure(),
+    }
     report.summary = summarize_star(results, inputs, p)
     return report
 
@@ -176,6 +182,19 @@ def _loadavg() -> list[float] | None:
     try:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
+        return None
+
+
+def _cpu_pressure() -> float | None:
+    """Linux PSI: % of the last 60 s in which some runnable task waited for a CPU (None elsewhere)."""
+    try:
+        first = Path("/proc/pressure/cpu").read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    values = dict(item.split("=", 1) for item in first[1:] if "=" in item)
+    try:
+        return float(values["avg60"])
+    except (KeyError, ValueError):
         return None
 
 
@@ -262,13 +281,15 @@ def format_table(report: StarReport) -> str:
     cfg = report.config
     mi = cfg["model_inputs"]
     p = cfg["profile"]
+    host = cfg.get("host", {})
     lines = [
         f"profile {p['name']} [{p['kind']}]: Tq={mi['tq'] * 1e3:.3f} ms ({mi['tq_source']}), "
         f"Tp={mi['tp'] * 1e3:.3f} ms, Tc={mi['tc'] * 1e3:.3f} ms, gamma={mi['gamma']}, alpha={mi['alpha']}, "
         f"E[l]+1={mi['expected_tokens_per_round']:.3f}, N*={mi['optimal_targets']}",
         f"{cfg['duration']:.1f} s measured per point after {cfg['warmup']:.1f} s of warm-up; "
         f"latency = one target's round (request to next request); "
-        f"host: {cfg.get('host', {}).get('cpus')} CPUs, load average {cfg.get('host', {}).get('loadavg_before')}",
+        f"host: {host.get('cpus')} CPUs, load average {host.get('loadavg_before')}, CPU pressure (some, 60 s) "
+        f"{host.get('cpu_pressure_avg60_before')}% before / {host.get('cpu_pressure_avg60_after')}% after",
         "",
     ]
     head = (
