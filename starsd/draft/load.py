@@ -47,7 +47,21 @@ class LoadTracker:
         self._verify: deque[tuple[float, float]] = deque()  # (time, tp)
         self._transfer: deque[tuple[float, float]] = deque()  # (time, tc)
         self._last_request: dict[object, float] = {}  # session key -> time of its last request
+        self._keys_pruned = self._started
         self.busy_seconds_total = 0.0
+
+    def _prune(self, now: float) -> None:
+        """Drop what has left the window (called under the lock on every record, so memory stays bounded)."""
+        since = now - self.window
+        for dq in (self._service, self._verify, self._transfer):
+            while dq and dq[0][0] < since:
+                dq.popleft()
+        while self._busy and self._busy[0][1] < since:
+            self._busy.popleft()
+        if now - self._keys_pruned > self.window / 4:  # the session map is scanned now and then, not per call
+            for key in [k for k, t in self._last_request.items() if t < since]:
+                del self._last_request[key]
+            self._keys_pruned = now
 
     def record_service(self, start: float, end: float, requests: int) -> None:
         with self._lock:
@@ -56,6 +70,7 @@ class LoadTracker:
             for _ in range(requests):
                 self._service.append((end, per_request))
             self.busy_seconds_total += end - start
+            self._prune(end)
 
     def record_request(self, session_key: object, verify_seconds: float, transfer_seconds: float | None) -> None:
         now = self._clock()
@@ -65,6 +80,7 @@ class LoadTracker:
                 self._verify.append((now, verify_seconds))
             if transfer_seconds is not None and transfer_seconds >= 0:
                 self._transfer.append((now, transfer_seconds))
+            self._prune(now)
 
     def forget(self, session_key: object) -> None:
         with self._lock:
@@ -74,15 +90,10 @@ class LoadTracker:
         now = self._clock()
         since = now - self.window
         with self._lock:
-            for dq in (self._service, self._verify, self._transfer):
-                while dq and dq[0][0] < since:
-                    dq.popleft()
-            while self._busy and self._busy[0][1] < since:
-                self._busy.popleft()
+            self._keys_pruned = -float("inf")  # a full prune: active_sessions counts only the window
+            self._prune(now)
             busy = sum(min(end, now) - max(start, since) for start, end in self._busy)
             span = min(self.window, now - self._started)
-            for key in [k for k, t in self._last_request.items() if t < since]:
-                del self._last_request[key]
             active = len(self._last_request)
             tq, tp, tc = _mean(self._service), _mean(self._verify), _mean(self._transfer)
             served = len(self._service)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import tracemalloc
 
-import pytest
-
 from starsd.draft.load import LoadTracker
 
 
@@ -17,18 +15,6 @@ class Clock:
         return self.now
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG in starsd/draft/load.py: LoadTracker drops samples older than its window only inside snapshot(), "
-        "which runs only when GET /v1/load is called. A draft nobody polls (starsd draft or starsd local without "
-        "the operator, or while the operator is down) keeps every request's service, verify and transfer sample, "
-        "and every session key that was not released explicitly (sessions freed by a disconnect or the idle "
-        "sweep), for ever: about 330 bytes per request, over 1 GiB per hour at 1000 requests/s. "
-        "Fix: prune the deques (and the session-key map) to the window inside record_service/record_request "
-        "as well, under the same lock, and call load.forget for the keys that release_owner and sweep free."
-    ),
-)
 def test_the_load_tracker_stays_bounded_when_nobody_reads_it() -> None:
     clock = Clock()
     tracker = LoadTracker(window_seconds=10.0, clock=clock)
