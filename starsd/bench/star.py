@@ -85,7 +85,7 @@ async def measure_point(
         for i, ch in enumerate(channels)
     ]
     try:
-        lag_task = asyncio.create_task(loop_lag_monitor(stop))
+        lag_task = asyncio.create_task(loop_lag_monitor(stop, period=0.02))
         tasks = [asyncio.create_task(t.run(stop)) for t in targets]
         await asyncio.sleep(cfg.warmup)
         start_busy = await _busy(http, endpoint)

@@ -128,7 +128,8 @@ class EmulatedTarget:
                     record.sessions += 1
                 sent = time.perf_counter()
                 await call.write(request)
-                response = await asyncio.wait_for(call.read(), spec.timeout)
+                async with asyncio.timeout(spec.timeout):  # cheaper than wait_for: no task per read
+                    response = await call.read()
                 received = time.perf_counter()
                 if response is grpc.aio.EOF:
                     raise RuntimeError("the draft closed the stream")
@@ -161,8 +162,9 @@ class EmulatedTarget:
             if seq > 1:  # the session was opened: free it on the draft
                 await call.write(pb.ProposeRequest(target_id=self.target_id, session_id=session, seq=seq, release=True))
             await call.done_writing()
-            while await asyncio.wait_for(call.read(), spec.timeout) is not grpc.aio.EOF:
-                pass
+            async with asyncio.timeout(spec.timeout):
+                while await call.read() is not grpc.aio.EOF:
+                    pass
         except (grpc.aio.AioRpcError, RuntimeError, TimeoutError) as exc:
             record.error = f"{type(exc).__name__}: {exc}"
             call.cancel()
