@@ -1,0 +1,218 @@
+"""Measure an accelerator profile: the draft's ``Tq(gamma, B)`` and the target's ``Tp(gamma)`` and ``Tp1``.
+
+Run it where the accelerator is (random weights, so no checkpoint is needed)::
+
+    python -m starsd.bench.measure_gpu --draft llama-1b --target llama-8b --out gpu-profile.json
+
+and use the result with ``starsd plan --profile-json`` or ``starsd bench star --profile-json``. Shapes follow
+Llama-3.2-1B and Llama-3.1-8B; each timed step runs on a KV cache already holding ``--context`` tokens and
+is cropped back afterwards, so every repeat sees the same context. Times are medians over ``--repeats``,
+taken after warm-up with the device synchronised. The model runs eagerly in ``transformers`` (no CUDA graphs
+unless ``--compile``), so a small draft's times include kernel-launch overhead that a tuned engine avoids:
+read them as an upper bound. Acceptance cannot be measured on random weights: ``alpha`` is written as given.
+
+Only this module imports torch, and only when it runs: the rest of the benchmark stays light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# name -> Llama shape (hidden, intermediate, layers, heads, kv heads, vocab)
+SHAPES: dict[str, tuple[int, int, int, int, int, int]] = {
+    "llama-1b": (2048, 8192, 16, 32, 8, 128256),  # Llama-3.2-1B
+    "llama-3b": (3072, 8192, 28, 24, 8, 128256),  # Llama-3.2-3B
+    "llama-8b": (4096, 14336, 32, 32, 8, 128256),  # Llama-3.1-8B
+    "tiny": (64, 128, 2, 4, 2, 256),  # for tests on a CPU
+}
+
+
+def _parse_ints(text: str) -> list[int]:
+    values = sorted({int(x) for x in text.split(",") if x.strip()})
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m starsd.bench.measure_gpu", description=__doc__.split("\n\n")[0])
+    p.add_argument("--draft", choices=sorted(SHAPES), default="llama-1b")
+    p.add_argument("--target", choices=sorted(SHAPES), default="llama-8b")
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--context", type=int, default=1024, help="tokens already in the KV cache")
+    p.add_argument("--batches", type=_parse_ints, default=[1, 2, 4, 8, 16, 32], help="draft batch sizes")
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    p.add_argument("--compile", action="store_true", help="torch.compile(mode='reduce-overhead'): CUDA graphs")
+    p.add_argument("--alpha", type=float, default=0.7, help="acceptance to write into the profile (not measured)")
+    p.add_argument("--tc", type=float, default=0.0001, help="one-way transfer to write into the profile")
+    p.add_argument("--name", default=None, help="profile name (default: derived from the device and models)")
+    p.add_argument("--out", type=Path, required=True, help="write the profile JSON here")
+    return p
+
+
+def _build(shape: str, device: Any, dtype: Any) -> Any:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hidden, inter, layers, heads, kv, vocab = SHAPES[shape]
+    config = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        vocab_size=vocab,
+        max_position_embeddings=8192,
+        tie_word_embeddings=shape == "llama-1b",
+    )
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(dtype)
+    return model.eval()
+
+
+def _timed(fn: Any, sync: Any, repeats: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    from transformers import DynamicCache
+
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def prefill(model: Any, batch: int) -> Any:
+        cache = DynamicCache()
+        ids = torch.randint(0, model.config.vocab_size, (batch, args.context), device=device)
+        with torch.inference_mode():
+            model(input_ids=ids, past_key_values=cache, use_cache=True)
+        return cache
+
+    def forward(model: Any, cache: Any, batch: int, tokens: int) -> None:
+        ids = torch.randint(0, model.config.vocab_size, (batch, tokens), device=device)
+        with torch.inference_mode():
+            model(input_ids=ids, past_key_values=cache, use_cache=True)
+
+    results: dict[str, Any] = {}
+    draft = _build(args.draft, device, dtype)
+    if args.compile:
+        draft.forward = torch.compile(draft.forward, mode="reduce-overhead")
+    curve: list[tuple[int, float]] = []
+    for b in args.batches:
+        cache = prefill(draft, b)
+
+        def draft_round(cache: Any = cache, b: int = b, m: Any = draft) -> None:
+            for _ in range(args.gamma):  # gamma sequential steps of one token per sequence
+                forward(m, cache, b, 1)
+            cache.crop(args.context)
+
+        curve.append((b, _timed(draft_round, sync, args.repeats)))
+        del cache
+    del draft
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+    target = _build(args.target, device, dtype)
+    if args.compile:
+        target.forward = torch.compile(target.forward, mode="reduce-overhead")
+    cache = prefill(target, 1)
+
+    def verify() -> None:
+        forward(target, cache, 1, args.gamma + 1)  # gamma drafts plus the position after them
+        cache.crop(args.context)
+
+    def decode_one() -> None:
+        forward(target, cache, 1, 1)
+        cache.crop(args.context)
+
+    tp = _timed(verify, sync, args.repeats)
+    tp1 = _timed(decode_one, sync, args.repeats)
+    # Noise can make a larger batch look a hair faster; a batch never is, so keep the curve non-decreasing.
+    monotone: list[tuple[int, float]] = []
+    for b, t in curve:
+        monotone.append((b, max(t, monotone[-1][1]) if monotone else t))
+    results.update(
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
+        raw_draft_curve=curve,
+        batch_curve=monotone,
+        tp=tp,
+        tp1=tp1,
+        torch=torch.__version__,
+    )
+    return results
+
+
+def to_profile(args: argparse.Namespace, m: dict[str, Any]) -> dict[str, Any]:
+    curve = [[b, round(t, 7)] for b, t in m["batch_curve"]]
+    if curve[0][0] != 1:
+        raise ValueError("--batches must include 1 (the unbatched service time)")
+    device = m["device"]
+    name = args.name or f"{device.lower().replace(' ', '-')}-{args.target}_{args.draft}"
+    compiled = "torch.compile (CUDA graphs)" if args.compile else "eager transformers"
+    return {
+        "name": name,
+        "draft": f"{args.draft} shape, random weights, {args.dtype}",
+        "target": f"{args.target} shape, random weights, {args.dtype}",
+        "hardware": f"{device}, batch 1 target, {args.context}-token context",
+        "gamma": args.gamma,
+        "tq": curve[0][1],
+        "tp": round(m["tp"], 7),
+        "tc": args.tc,
+        "alpha": args.alpha,
+        "tp1": round(m["tp1"], 7),
+        "kind": "measured",
+        "source": f"starsd.bench.measure_gpu on {device} (torch {m['torch']}, {compiled})",
+        "derivation": (
+            f"Medians of {args.repeats} timed repeats after warm-up, device synchronised: Tq(B) = {args.gamma} "
+            f"sequential one-token draft steps for B sequences; Tp = one target pass over {args.gamma + 1} "
+            f"tokens; Tp1 = one target decode step; all on a KV cache of {args.context} tokens. alpha "
+            f"({args.alpha}) and Tc ({args.tc} s) are given, not measured (random weights, no network)."
+        ),
+        "batch_curve": curve,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.gamma < 1 or args.context < 1 or args.repeats < 1:
+        print("measure_gpu: --gamma, --context and --repeats must be >= 1", file=sys.stderr)
+        return 2
+    if 1 not in args.batches:
+        print("measure_gpu: --batches must include 1", file=sys.stderr)
+        return 2
+    m = measure(args)
+    profile = to_profile(args, m)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(profile, indent=2))
+    raw = ", ".join(f"{b}:{t * 1e3:.3f}" for b, t in m["raw_draft_curve"])
+    print(
+        f"{profile['name']}: Tq(B) ms {raw}; Tp({args.gamma}) {m['tp'] * 1e3:.3f} ms; "
+        f"Tp1 {m['tp1'] * 1e3:.3f} ms -> {args.out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
