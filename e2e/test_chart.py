@@ -103,3 +103,24 @@ def test_helm_lint_passes_against_the_built_helm(cluster: Cluster) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("values", ["sample.yaml", "custom-pools.yaml"])
+def test_chart_sample_cluster_is_accepted_by_the_api_server(
+    cluster: Cluster, operator: OperatorProcess, namespace: str, values: str
+) -> None:
+    """The sample the chart renders (cluster.enabled) passes the real CRD's schema and CEL rules."""
+    rendered = cluster.helm(
+        "template",
+        RELEASE,
+        chart_path(cluster),
+        "--namespace",
+        namespace,
+        "-f",
+        str(cluster.repo / "tests" / "chart" / "values" / values),
+        "--show-only",
+        "templates/starsdcluster.yaml",
+    ).stdout
+    proc = cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", stdin=rendered, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "created (server dry run)" in proc.stdout
