@@ -27,7 +27,7 @@ from e2e.operator_process import (
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_SH = REPO / "e2e" / "cluster" / "cluster.sh"
-STATE_DIR = REPO / ".cluster"
+STATE_DIR = Path(os.environ.get("STARSD_CLUSTER_DIR") or REPO / ".cluster")  # as e2e/cluster/lib/common.sh
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
