@@ -150,8 +150,8 @@ class PointResult:
 def apply_measured_model(r: PointResult, inputs: ModelInputs, transfer: float) -> None:
     """Fill the ``*_measured`` fields: the model with Tq = the point's mean service, Tp = what the targets
     slept (verify and emulated wire), Tc = ``transfer`` (one way, measured where nothing queues)."""
-    if r.service_mean <= 0 or r.rounds == 0:
-        return
+    if r.service_mean <= 0 or r.rounds == 0 or inputs.max_batch > 1:
+        return  # with batching an answer reports its share of a pass, not the pass it waited for: n/a
     tc = max(0.0, transfer)
     r.model_measured_throughput = model.throughput(
         r.n, r.service_mean, r.verify_mean, tc, inputs.gamma, betas=inputs.betas

@@ -44,6 +44,8 @@ def plot_star(report: dict[str, Any], path: Path) -> None:
     ax1.plot(ns, [r["throughput"] for r in results], "o", color="tab:blue", label="star, measured")
     ax1.plot(dense, [n * pair for n in dense], ":", color="tab:green", label="N independent pairs (N drafts)")
     ax1.plot(dense, [n / p["tp1"] for n in dense], "--", color="tab:gray", label="target-only decoding")
+    capacity = model.expected_tokens_per_round(mi["gamma"], alpha=mi["alpha"]) / mi["tq"]
+    ax1.axhline(capacity, color="tab:blue", lw=0.8, ls=(0, (1, 3)), label="capacity of a one-at-a-time draft")
     ax1.set_xlabel("targets N")
     ax1.set_ylabel("tokens/s (all targets)")
     ax1.set_xscale("log", base=2)

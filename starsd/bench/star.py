@@ -243,14 +243,15 @@ def summarize_star(results: list[PointResult], inputs: ModelInputs, profile: Pro
     pair = next(r for r in results if r.n == 1)
     at = min((r for r in results if r.n >= n_star), key=lambda r: r.n, default=results[-1])
     under = [r for r in results if r.regime == "UnderLoaded"]
+    measured = [r for r in results if r.model_measured_throughput > 0]
     full = [r for r in results if r.regime == "FullyLoaded"]
     return {
         "optimal_targets": n_star,
         "min_ratio": min(r.ratio for r in results),
         "min_round_ratio": min(r.round_ratio for r in results),
-        "min_ratio_measured_inputs": min(r.ratio_measured for r in results),
+        "min_ratio_measured_inputs": min((r.ratio_measured for r in measured), default=None),
         "max_utilization_error_measured_inputs": max(
-            abs(r.utilization - r.model_measured_utilization) for r in results
+            (abs(r.utilization - r.model_measured_utilization) for r in measured), default=None
         ),
         "max_idle_fraction_fully_loaded": max((r.idle_fraction for r in full), default=None),
         "max_utilization_error_under_loaded": max(
@@ -307,8 +308,8 @@ def format_table(report: StarReport) -> str:
         )
         lines.append(
             f"{r.n:>3} {r.regime:<11} {r.throughput:>8.1f} {r.model_throughput:>8.1f} {r.ratio:>6.3f} "
-            f"{r.round_ratio:>6.3f} {r.ratio_measured:>6.3f} {r.utilization * 100:>5.1f}% "
-            f"{r.model_utilization * 100:>5.1f}% {r.model_measured_utilization * 100:>5.1f}% "
+            f"{r.round_ratio:>6.3f} {_opt(r.ratio_measured, '6.3f')} {r.utilization * 100:>5.1f}% "
+            f"{r.model_utilization * 100:>5.1f}% {_opt(r.model_measured_utilization * 100, '5.1f')}% "
             f"{r.idle_fraction * 100:>5.1f}% {r.idle_gaps_per_second:>7.1f} {r.latency_p50 * 1e3:>7.2f} "
             f"{r.latency_p99 * 1e3:>7.2f} {r.model_round_time * 1e3:>7.2f} {r.pairs_throughput:>8.1f} "
             f"{r.target_only_throughput:>8.1f} {cpu:>9}"
@@ -332,6 +333,12 @@ def format_table(report: StarReport) -> str:
         + f"; min ratio {s['min_ratio']:.3f}",
     ]
     return "\n".join(lines)
+
+
+def _opt(value: float, spec: str) -> str:
+    """A number, or a dash where it does not apply (0.0)."""
+    width = int(spec.split(".")[0])
+    return format(value, spec) if value else "-".rjust(width)
 
 
 def write_json(report: StarReport, path: Path) -> None:
