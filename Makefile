@@ -7,7 +7,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 UV_VERSION := 0.13.9
 
-.PHONY: help install demo test unit e2e soak bench lint format proto models images cluster-up cluster-down clean
+.PHONY: help install demo test unit e2e soak bench lint format proto models images cluster-build cluster-up cluster-down clean
+IMAGE_TAG ?= 0.1.0
+VARIANT ?= cpu
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -45,6 +47,8 @@ lint: install ## ruff, the formatter check and mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy starsd operator/starsd_operator
+	$(BIN)/hadolint images/draft/Dockerfile images/target/Dockerfile images/operator/Dockerfile
+	$(BIN)/shellcheck -x e2e/cluster/cluster.sh e2e/cluster/lib/*.sh
 
 format: install ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .
@@ -55,6 +59,15 @@ proto: install ## regenerate the gRPC stubs from starsd/proto/starsd.proto
 
 models: install ## train the shipped tokenizer and model pair into models/ (deterministic, CPU)
 	$(BIN)/starsd models train --out models
+
+images: ## build the container images (needs a Docker engine with BuildKit); VARIANT=cuda for GPUs
+	@command -v docker >/dev/null || { echo "make images needs a Docker engine"; exit 1; }
+	docker build -f images/operator/Dockerfile -t starsd/operator:$(IMAGE_TAG) .
+	docker build -f images/draft/Dockerfile --build-arg VARIANT=$(VARIANT) -t starsd/draft:$(IMAGE_TAG)$(if $(filter cuda,$(VARIANT)),-cuda) .
+	docker build -f images/target/Dockerfile --build-arg VARIANT=$(VARIANT) -t starsd/target:$(IMAGE_TAG)$(if $(filter cuda,$(VARIANT)),-cuda) .
+
+cluster-build: ## build the test cluster's binaries into ~/.cache/starsd (once per machine)
+	bash e2e/cluster/cluster.sh build
 
 cluster-up: ## start a local Kubernetes control plane (kubeconfig in .cluster/kubeconfig)
 	bash e2e/cluster/cluster.sh up

@@ -313,9 +313,9 @@ class DraftRunner:
             cols = list(range(past, past + len(feed))) + [past + width + t for t in range(fed_steps)]
             index = torch.tensor(cols)
             for layer in range(layers):
-                k = cache.layers[layer].keys[b : b + 1, :, index]
-                v = cache.layers[layer].values[b : b + 1, :, index]
-                s.cache.update(k, v, layer)
+                keys, values = cache.layers[layer].keys, cache.layers[layer].values
+                assert keys is not None and values is not None
+                s.cache.update(keys[b : b + 1, :, index], values[b : b + 1, :, index], layer)
             s.cached.extend(feed)
             s.cached.extend(proposals[i].token_ids[:fed_steps])
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -47,11 +48,15 @@ def _percentile(values: list[float], q: float) -> float:
 async def measure(address: str, gamma: int, temperature: float, rounds: int, warmup: int = 20) -> ProtocolResult:
     queue: asyncio.Queue[pb.ProposeRequest] = asyncio.Queue()
 
-    async def requests():  # type: ignore[no-untyped-def]
+    async def requests() -> AsyncIterator[pb.ProposeRequest]:
         while True:
             yield await queue.get()
 
-    overheads, rtts, services, req_bytes, resp_bytes = [], [], [], [], []
+    overheads: list[float] = []
+    rtts: list[float] = []
+    services: list[float] = []
+    req_bytes: list[int] = []
+    resp_bytes: list[int] = []
     async with grpc.aio.insecure_channel(address) as channel:
         call = pb_grpc.DraftStub(channel).Propose(requests())
         prompt = [11, 12, 13, 14, 15, 16, 17, 18]

@@ -98,8 +98,8 @@ class DraftServer:
             await self._runner.setup()
             site = web.TCPSite(self._runner, opts.metrics_host, opts.metrics_port)
             await site.start()
-            sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
-            self.metrics_port = sockets[0].getsockname()[1] if sockets else opts.metrics_port
+            bound = self._runner.addresses
+            self.metrics_port = int(bound[0][1]) if bound else opts.metrics_port
         self._sweeper = asyncio.create_task(self._sweep_forever())
         info = self.core.proposer.info
         log.info(

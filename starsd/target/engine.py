@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -89,7 +89,7 @@ class TargetEngine:
 
     async def generate(
         self, prompt: list[int], max_tokens: int, params: SamplingParams, stats: GenerationStats
-    ) -> AsyncIterator[list[int]]:
+    ) -> AsyncGenerator[list[int], None]:
         """Yield the tokens committed by each round (EOS excluded) until ``max_tokens`` or EOS."""
         loop = asyncio.get_running_loop()
         session = self.runner.new_session(prompt)
