@@ -160,6 +160,12 @@ def _parse_prompt(prompt: Any, limits: Limits) -> str | list[int]:
             raise RequestError("'prompt' must not be empty", param="prompt")
         if len(prompt) > limits.max_prompt_chars:
             raise RequestError(f"'prompt' is longer than {limits.max_prompt_chars} characters", param="prompt")
+        if not prompt.isascii():
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError:  # JSON allows an unpaired \ud800-\udfff escape; text can not hold one
+                message = "'prompt' holds an unpaired surrogate: it is not valid Unicode"
+                raise RequestError(message, param="prompt") from None
         return prompt
     if isinstance(prompt, list):
         if not prompt:

@@ -121,7 +121,9 @@ class TargetApp:
         try:
             try:
                 body = await request.json(loads=json.loads)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            except RecursionError:
+                raise RequestError("the request body is nested too deeply") from None
+            except ValueError as exc:  # not JSON, not UTF-8, or an integer too long for Python to convert
                 raise RequestError(f"the request body is not valid JSON: {exc}") from None
             req = parse_completion(body, self.limits, (self.options.served_model,))
             prompt_ids = await self._encode(req.prompt)

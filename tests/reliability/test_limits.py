@@ -237,3 +237,14 @@ def test_a_grpc_message_over_4_mib_is_refused_and_the_draft_keeps_serving(
         status, body = complete(url, prompt="def f(", max_tokens=16)
         assert status == 200 and body["starsd"]["drafted_tokens"] > 0
         assert body["starsd"]["token_ids"] == oracle.greedy("def f(", 16)
+
+
+# --- input the model's tokenizer can not take -------------------------------------------------------------
+
+
+def test_a_prompt_with_an_unpaired_surrogate_gets_400_not_500(plain_link: Limited) -> None:
+    # Valid JSON ("\ud800" escapes), but not text: the real tokenizer raises on it.
+    status, _, payload = post(plain_link.url, b'{"prompt": "def f(\\ud800):", "max_tokens": 4}')
+    assert status == 400 and payload["error"]["param"] == "prompt", payload
+    status, _ = complete(plain_link.url, prompt="def f():", max_tokens=4)
+    assert status == 200
