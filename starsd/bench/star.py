@@ -107,10 +107,12 @@ async def measure_point(
     m = PointMeasurement(n=n, runs=list(runs), t0=t0, t1=t1, loop_lags=lags, targets_cpu_seconds=cpu1 - cpu0)
     if draft_cpu0 is not None and draft_cpu1 is not None:
         m.draft_cpu_seconds = draft_cpu1 - draft_cpu0
-    if start_busy and end_busy:
+    if end_busy:
+        m.load = end_busy[1]
+    if start_busy and end_busy and "busy_seconds_total" in start_busy[1] and "busy_seconds_total" in end_busy[1]:
+        # The draft's own busy counter across the window; without it, the targets' view stands in.
         m.busy_seconds = float(end_busy[1]["busy_seconds_total"]) - float(start_busy[1]["busy_seconds_total"])
         m.busy_span = end_busy[0] - start_busy[0]
-        m.load = end_busy[1]
     return m
 
 
