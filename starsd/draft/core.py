@@ -156,7 +156,7 @@ class DraftCore:
             info = self.proposer.info
             validate_request(req, info.vocab_size, self.config.max_gamma, info.max_context)
             if req.release:
-                if self.sessions.release(key):
+                if self.sessions.release(key, stream):
                     self.load.forget(key)
                 self.metrics.sessions.set(len(self.sessions))
                 return

@@ -81,8 +81,15 @@ class SessionStore:
         session.last_used = self._clock()
         return session
 
-    def release(self, key: SessionKey) -> bool:
-        return self._sessions.pop(key, None) is not None
+    def release(self, key: SessionKey, owner: object) -> bool:
+        """Free a session; only the stream that opened it may (others are refused)."""
+        session = self._sessions.get(key)
+        if session is None:
+            return False
+        if session.owner is not owner:
+            raise SessionError(grpc.StatusCode.INVALID_ARGUMENT, f"session {key[1]} belongs to another stream")
+        del self._sessions[key]
+        return True
 
     def release_owner(self, owner: object) -> int:
         """Free every session opened on one stream (the target disconnected)."""
