@@ -1,8 +1,8 @@
 """Shared pieces of the reliability tests: the model pair, the oracle, a star whose draft link runs through a
 fault proxy, and probes of the draft process (memory, sessions, load).
 
-The star is session-scoped (each server process costs seconds of CPU to start on this machine); every test that
-breaks it puts it back (``healthy_star`` checks), so the tests can run in any order and alone.
+The star is shared by this package's tests (each server process costs seconds of CPU to start on this machine);
+every test that breaks it puts it back (``healthy_star`` checks), so the tests can run in any order and alone.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def pair(request: pytest.FixtureRequest) -> tuple[Path, Path]:
     return random_pair
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def oracle(pair: tuple[Path, Path]) -> Reference:
     """The target alone (no draft, no server): greedy output must equal it token for token."""
     return Reference(load_checkpoint(pair[1]))
@@ -183,7 +183,7 @@ class ProxiedStar:
         return self.star.urls
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # torn down when this package's tests are done, not at the end of the run
 def proxied_star(pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxiedStar]:
     log_dir = tmp_path_factory.mktemp("reliability-star")
     star = LocalStar(draft_model=pair[0], target_model=pair[1], targets=3, log_dir=log_dir)

@@ -193,8 +193,8 @@ def test_a_killed_target_frees_its_draft_sessions_and_the_others_do_not_notice(
     assert all(h.status == 200 and h.first for h in held)
     sessions_before_kill = draft_sessions(star.star)  # only the victim is busy now
     assert sessions_before_kill >= 1, "the victim's completions hold no session on the draft"
-    targets_before = draft_load(star.star)["targets"]
-    assert targets_before == 4
+    targets_before = draft_load(star.star)["targets"]  # the star's three, the victim, and whatever else is up
+    assert targets_before >= len(star.urls) + 1
 
     def inject(rng: random.Random) -> dict[str, Any]:
         time.sleep(rng.uniform(0.5, 2.0))
@@ -218,7 +218,8 @@ def test_a_killed_target_frees_its_draft_sessions_and_the_others_do_not_notice(
     assert victims_cut == len(held)  # they were in flight: the kill cut them (the intended failures)
     check_outcomes(outcomes, oracle)  # the other targets: nothing failed, nothing changed
     assert figures["drafted_tokens"] > 0
-    assert load["targets"] == 3 and draft_metrics(star.star)["starsd_draft_connected_targets"] == 3
+    assert load["targets"] == targets_before - 1  # the victim's stream is gone
+    assert draft_metrics(star.star)["starsd_draft_connected_targets"] == targets_before - 1
     assert draft_sessions(star.star) == 0  # the victim never released its sessions: the disconnect freed them
 
 
