@@ -57,30 +57,40 @@ def _requests(*reqs: pb.ProposeRequest):
 
 
 def test_out_of_order_grpc_requests_are_invalid_argument(star4: LocalStar) -> None:
-    with grpc.insecure_channel(star4.draft_address) as channel:
-        stub = pb_grpc.DraftStub(channel)
-        base = dict(target_id="probe", session_id=77, gamma=2, tokens=[1, 2, 3], top_p=1.0)
-        answers = list(
-            stub.Propose(
-                _requests(
-                    pb.ProposeRequest(seq=1, **base),
-                    pb.ProposeRequest(seq=5, **base),  # skipped sequence numbers
-                    pb.ProposeRequest(seq=2, **{**base, "gamma": 999}),  # malformed
-                    pb.ProposeRequest(seq=2, **base),  # still in order: served
-                    pb.ProposeRequest(target_id="probe", session_id=78, seq=3, gamma=2, tokens=[1]),  # unknown
-                ),
-                timeout=30,
-            )
-        )
-    by_seq = [(a.seq, a.error_code, a.error_message) for a in answers]
-    assert len(answers) == 5
-    assert answers[0].error_code == 0 and len(answers[0].token_ids) == 2
-    codes = sorted(code for _, code, _ in by_seq if code)
-    assert codes == sorted([grpc.StatusCode.INVALID_ARGUMENT.value[0]] * 2 + [grpc.StatusCode.NOT_FOUND.value[0]])
-    assert any("out-of-order" in m for _, _, m in by_seq)
-    assert any("gamma" in m for _, _, m in by_seq)
-    served = [a for a in answers if a.seq == 2 and not a.error_code]
-    assert served and len(served[0].token_ids) == 2
+    """One stream, one request at a time: each bad message is answered with its error, the stream lives on."""
+    import asyncio
+
+    invalid, not_found = grpc.StatusCode.INVALID_ARGUMENT.value[0], grpc.StatusCode.NOT_FOUND.value[0]
+    base = dict(target_id="probe", session_id=77, gamma=2, tokens=[1, 2, 3], top_p=1.0)
+
+    async def exchange() -> list[pb.ProposeResponse]:
+        queue: asyncio.Queue[pb.ProposeRequest] = asyncio.Queue()
+
+        async def outgoing():  # type: ignore[no-untyped-def]
+            while True:
+                yield await queue.get()
+
+        answers = []
+        async with grpc.aio.insecure_channel(star4.draft_address) as channel:
+            call = pb_grpc.DraftStub(channel).Propose(outgoing())
+            for req in (
+                pb.ProposeRequest(seq=1, **base),
+                pb.ProposeRequest(seq=5, **base),  # skipped sequence numbers
+                pb.ProposeRequest(seq=2, **{**base, "gamma": 999}),  # malformed
+                pb.ProposeRequest(seq=2, **base),  # still in order: served
+                pb.ProposeRequest(target_id="probe", session_id=78, seq=3, gamma=2, tokens=[1]),  # unknown
+            ):
+                queue.put_nowait(req)
+                answers.append(await asyncio.wait_for(call.read(), 30))
+            call.cancel()
+        return answers
+
+    answers = asyncio.run(exchange())
+    assert [a.error_code for a in answers] == [0, invalid, invalid, 0, not_found]
+    assert "out-of-order" in answers[1].error_message
+    assert "gamma" in answers[2].error_message
+    assert len(answers[0].token_ids) == 2 and len(answers[3].token_ids) == 2
+    assert [(a.session_id, a.seq) for a in answers] == [(77, 1), (77, 5), (77, 2), (77, 2), (78, 3)]
 
 
 def test_a_stream_without_target_id_is_aborted_and_the_draft_keeps_serving(star4: LocalStar) -> None:
