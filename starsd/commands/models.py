@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="a few steps on a slice of the corpus, to check the pipeline in about a minute (not for shipping)",
     )
+    train.add_argument(
+        "--fp32",
+        action="store_true",
+        help="train in float32 instead of bfloat16 autocast (for CPUs without native bfloat16; slower, and "
+        "the weights differ from the shipped ones)",
+    )
     train.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -71,6 +78,12 @@ def run(args: argparse.Namespace) -> int:
             log.error("--threads must be at least 1")
             return 2
         recipe = quick_recipe() if args.quick else Recipe()
+        if args.fp32:
+            recipe = replace(
+                recipe,
+                target_train=replace(recipe.target_train, bf16=False),
+                draft_train=replace(recipe.draft_train, bf16=False),
+            )
         report = train_pair(args.out, recipe, threads=args.threads, progress=not args.no_progress)
         ev, t, d = report.evaluation, report.models["target"], report.models["draft"]
         print(f"target: {t['parameters']:,} parameters, {t['safetensors_bytes'] / 1e6:.2f} MB -> {args.out / 'target'}")

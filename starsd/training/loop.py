@@ -9,6 +9,7 @@ fixed number of torch threads on the same machine: a different thread count or C
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from collections.abc import Iterable
@@ -36,6 +37,9 @@ class TrainConfig:
     weight_decay: float = 0.1  # on matrices only (not on norms)
     grad_clip: float = 1.0  # max global gradient norm
     seed: int = 0  # seeds the batch order
+    # Mixed precision: matrix products in bfloat16 under torch.autocast, weights and optimiser state in float32
+    # (the saved checkpoints are float32). About twice as fast on CPUs with native bfloat16 (AVX512-BF16, AMX).
+    bf16: bool = True
 
     def tokens(self) -> int:
         return self.steps * self.batch_size * self.seq_len
@@ -85,6 +89,10 @@ def _progress(total: int, desc: str, enabled: bool) -> tqdm[Any]:
     return tqdm(total=total, desc=desc, unit="step", disable=not enabled, dynamic_ncols=True, mininterval=1.0)
 
 
+def _autocast(cfg: TrainConfig) -> contextlib.AbstractContextManager[Any]:
+    return torch.autocast("cpu", dtype=torch.bfloat16) if cfg.bf16 else contextlib.nullcontext()
+
+
 def language_model_loss(model: Any, batch: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy over a ``[B, T+1]`` batch."""
     inputs, labels = batch[:, :-1], batch[:, 1:]
@@ -102,7 +110,8 @@ def train_language_model(
     batches = window_batches(stream, cfg.seq_len, cfg.batch_size, cfg.steps, cfg.seed)
     with _progress(cfg.steps, desc, progress) as bar:
         for i, batch in enumerate(batches):
-            loss = language_model_loss(model, batch)
+            with _autocast(cfg):
+                loss = language_model_loss(model, batch)
             _step(model, opt, loss, cfg, i)
             losses.append(loss.item())
             bar.update(1)
@@ -145,9 +154,10 @@ def distill(
     with _progress(cfg.steps, desc, progress) as bar:
         for i, batch in enumerate(itertools.islice(batches, cfg.steps)):
             inputs = batch[:, :-1]
-            with torch.no_grad():
-                teacher_logits = teacher(input_ids=inputs).logits  # [B, T, V]
-            student_logits = student(input_ids=inputs).logits  # [B, T, V]
+            with _autocast(cfg):
+                with torch.no_grad():
+                    teacher_logits = teacher(input_ids=inputs).logits.float()  # [B, T, V]
+                student_logits = student(input_ids=inputs).logits.float()  # [B, T, V]
             vocab = student_logits.size(-1)
             loss = distillation_loss(student_logits.reshape(-1, vocab), teacher_logits.reshape(-1, vocab), weights)
             _step(student, opt, loss, cfg, i)
@@ -193,3 +203,15 @@ def generate_greedy(
         )
         rows.append(out)
     return torch.cat(rows, dim=0)
+
+
+@torch.no_grad()
+def project_embeddings(teacher: Any, student: Any) -> None:
+    """Initialise ``student``'s input embedding (tied to its output layer) with ``teacher``'s, projected on
+    the teacher's top principal directions: the draft starts out knowing which tokens are alike."""
+    src = teacher.get_input_embeddings().weight.float()  # [V, H_teacher]
+    dst = student.get_input_embeddings().weight  # [V, H_student]
+    if src.size(0) != dst.size(0):
+        raise ValueError(f"vocabularies differ: {src.size(0)} vs {dst.size(0)} ids")
+    _, _, vh = torch.linalg.svd(src - src.mean(dim=0), full_matrices=False)  # vh: [H_teacher, H_teacher]
+    dst.copy_(src @ vh[: dst.size(1)].T)

@@ -35,6 +35,7 @@ from starsd.training.loop import (
     distill,
     generate_greedy,
     mean_loss,
+    project_embeddings,
     train_language_model,
 )
 from starsd.training.tokenizer import BOS, EOS, PAD, encode_documents, save_tokenizer, train_bpe
@@ -62,16 +63,16 @@ class DistillData:
     itself wrote, so the draft also trains on that text (with the target's distributions as labels).
     """
 
-    generated_sequences: int = 256  # continuations generated once, then cycled through
+    generated_sequences: int = 512  # continuations generated once, then cycled through
     prompt_tokens: int = 32  # corpus tokens (after BOS) that start each continuation
     generated_per_batch: int = 4  # rows of each batch taken from the continuations (the rest: corpus windows)
     generation_batch: int = 64  # continuations generated per forward batch
     seed: int = 3
 
 
-TARGET_TRAIN = TrainConfig(steps=500, batch_size=8, seq_len=256, lr=3e-3, warmup_steps=30, seed=1)
-DRAFT_TRAIN = TrainConfig(steps=300, batch_size=8, seq_len=256, lr=3e-3, warmup_steps=30, seed=2)
-DISTILL_WEIGHTS = DistillWeights()
+TARGET_TRAIN = TrainConfig(steps=700, batch_size=16, seq_len=256, lr=3e-3, warmup_steps=40, seed=1)
+DRAFT_TRAIN = TrainConfig(steps=1600, batch_size=8, seq_len=256, lr=3e-3, warmup_steps=30, seed=2)
+DISTILL_WEIGHTS = DistillWeights(kl=1.0, hard=1.0)
 DISTILL_DATA = DistillData()
 EVALUATION = EvalConfig()
 
@@ -89,6 +90,8 @@ class Recipe:
     distill_data: DistillData = DISTILL_DATA
     evaluation: EvalConfig = EVALUATION
     seed: int = 0  # seeds the initialisation of both models
+    # Start the draft's embedding from the target's, projected on its top principal directions.
+    draft_embedding_from_target: bool = True
     corpus_files: int | None = None  # None: every file; N: the first N (quick runs)
 
 
@@ -240,6 +243,8 @@ def train_pair(out: Path, recipe: Recipe = Recipe(), threads: int = 1, progress:
     report.seconds["target_generation"] = time.perf_counter() - t0
     torch.manual_seed(recipe.seed + 1)
     draft = build_model(recipe.draft, vocab, pad_token_id=pad_id, **ids)
+    if recipe.draft_embedding_from_target:
+        project_embeddings(target, draft)
     batches = distill_batches(train_stream, generated, recipe)
     draft_losses = distill(draft, target, batches, recipe.draft_train, recipe.distill_weights, "draft", progress)
     report.seconds["draft_distillation"] = time.perf_counter() - t0
@@ -288,6 +293,7 @@ def train_pair(out: Path, recipe: Recipe = Recipe(), threads: int = 1, progress:
         }
     report.training["draft"]["objective"] = asdict(recipe.distill_weights)
     report.training["draft"]["data"] = asdict(recipe.distill_data)
+    report.training["draft"]["embedding_from_target"] = recipe.draft_embedding_from_target
     report.seconds["total"] = time.perf_counter() - started
 
     (out / "report.json").write_text(json.dumps(asdict(report), indent=2) + "\n")
@@ -310,6 +316,7 @@ def _schedule_line(cfg: dict[str, Any], tokens: int) -> str:
     return (
         f"{cfg['steps']} steps x {cfg['batch_size']} windows x {cfg['seq_len']} tokens ({tokens:,} tokens), "
         f"AdamW peak lr {cfg['lr']:g}, {cfg['warmup_steps']} warm-up steps, cosine decay"
+        + (", bfloat16 autocast (float32 weights)" if cfg.get("bf16") else ", float32")
     )
 
 
@@ -324,6 +331,9 @@ def render_readme(report: Report) -> str:
     acceptance = f"**{ev['per_token_acceptance']:.3f}** ({ev['accepted_tokens']:,} / {ev['drafted_tokens']:,})"
     accepted_length = f"**{ev['mean_accepted_length']:.2f}** over {ev['rounds']:,} rounds"
     losses = f"{ev['held_out_loss_target']:.3f} / {ev['held_out_loss_draft']:.3f}"
+    init = ""
+    if dt["embedding_from_target"]:
+        init = " Its embedding starts as the target's, projected on its top principal directions."
     lines = [
         "# The shipped model pair",
         "",
@@ -356,7 +366,8 @@ def render_readme(report: Report) -> str:
         f"  Trained as a language model: {_schedule_line(tt['config'], tt['tokens_seen'])}.",
         f"  Loss {tt['loss_first']:.2f} -> {tt['loss_last_50_mean']:.2f} (mean of the last 50 steps).",
         f"* **Draft**: {_spec_line(d['spec'])}, tied embeddings: **{d['parameters']:,} parameters**",
-        f"  ({t['parameters'] / d['parameters']:.1f}x fewer than the target). Distilled from the target:",
+        f"  ({t['parameters'] / d['parameters']:.1f}x fewer than the target).{init}",
+        "  Distilled from the target:",
         f"  loss = {obj['kl']:g} x KL(target || draft) + {obj['hard']:g} x cross-entropy towards the target's",
         f"  greedy token, on batches that join {corpus_rows} corpus windows with {data['generated_per_batch']} rows",
         f"  of the target's own greedy text ({data['generated_sequences']} continuations of",
