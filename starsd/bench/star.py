@@ -324,7 +324,7 @@ def format_table(report: StarReport) -> str:
         lines.append(
             f"{r.n:>3} {r.regime:<11} {r.throughput:>8.1f} {r.model_throughput:>8.1f} {r.ratio:>6.3f} "
             f"{r.round_ratio:>6.3f} {_opt(r.ratio_measured, '6.3f')} {r.utilization * 100:>5.1f}% "
-            f"{r.model_utilization * 100:>5.1f}% {_opt(r.model_measured_utilization * 100, '5.1f')}% "
+            f"{r.model_utilization * 100:>5.1f}% {_opt(r.model_measured_utilization * 100, '5.1f', '%')} "
             f"{r.idle_fraction * 100:>5.1f}% {r.idle_gaps_per_second:>7.1f} {r.latency_p50 * 1e3:>7.2f} "
             f"{r.latency_p99 * 1e3:>7.2f} {r.model_round_time * 1e3:>7.2f} {r.pairs_throughput:>8.1f} "
             f"{r.target_only_throughput:>8.1f} {cpu:>9}"
@@ -357,10 +357,10 @@ def format_table(report: StarReport) -> str:
     return "\n".join(lines)
 
 
-def _opt(value: float, spec: str) -> str:
+def _opt(value: float, spec: str, unit: str = "") -> str:
     """A number, or a dash where it does not apply (0.0)."""
-    width = int(spec.split(".")[0])
-    return format(value, spec) if value else "-".rjust(width)
+    width = int(spec.split(".")[0]) + len(unit)
+    return format(value, spec) + unit if value else "-".rjust(width)
 
 
 def write_json(report: StarReport, path: Path) -> None:
