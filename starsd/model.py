@@ -318,9 +318,11 @@ def batched_point(
 
     Targets in groups of ``B`` share a pass: a round lasts ``max(Tq(B) + tp + 2*tc, n*Tq(B)/B)`` — the
     unbatched formula with ``Tq(B)`` as the wait and ``Tq(B)/B`` as the draft's cost per request. By default
-    the model picks the ``B`` (at most ``n`` and the curve's largest) with the highest throughput, which is
-    what a work-conserving draft that batches whatever is waiting settles to: ``B = 1`` while it idles anyway,
-    larger batches only once it is saturated.
+    the model picks the ``B`` (at most ``n`` and the curve's largest) with the highest throughput: ``B = 1``
+    while the draft idles anyway, larger batches only once it is saturated. This is an upper bound: it
+    assumes targets fall into groups that arrive together, whereas a draft that batches whatever is waiting
+    also makes a request that arrives mid-pass wait for that pass (about ``rho * Tq(B) / 2`` more per round
+    when under-loaded); once saturated, the bound is reached.
     """
     _check_count("n", n, 1)
     tp = _check_time("tp", tp, positive=False)
