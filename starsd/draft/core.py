@@ -203,6 +203,11 @@ class DraftCore:
             log.exception("drafting failed for a batch of %d", len(batch))
             proposals = [exc] * len(batch)
         end = time.perf_counter()
+        # Everything else happens on the event loop, so this thread goes straight to the next request.
+        batch[0].stream.loop.call_soon_threadsafe(self._finish, batch, proposals, start, end)
+
+    def _finish(self, batch: list[Work], proposals: list[Proposal | Exception], start: float, end: float) -> None:
+        """Back on the event loop: record the service, build the answers, hand them to their streams."""
         self.load.record_service(start, end, len(batch))
         self.metrics.busy_seconds.inc(end - start)
         self.metrics.batch_size.observe(len(batch))
@@ -218,17 +223,13 @@ class DraftCore:
             self.metrics.requests.inc()
             self.metrics.service_seconds.observe(per_request)
             work.session.last_draft_seconds = end - work.enqueued
-            work.stream.loop.call_soon_threadsafe(self._deliver, work, response)
-
-    def _deliver(self, work: Work, response: pb.ProposeResponse) -> None:
-        """Back on the event loop: hand the answer to the target's outgoing queue."""
-        work.session.busy = False
-        stream = work.stream
-        stream.pending -= 1
+            work.session.busy = False
+            stream = work.stream
+            stream.pending -= 1
+            stream.send(response)
+            if stream.closing and stream.pending == 0:
+                stream.outgoing.put_nowait(None)
         self.metrics.queue_depth.set(len(self.buffer))
-        stream.send(response)
-        if stream.closing and stream.pending == 0:
-            stream.outgoing.put_nowait(None)
 
 
 def _error_response(req: pb.ProposeRequest, err: SessionError) -> pb.ProposeResponse:

@@ -106,9 +106,12 @@ class EmulatedProposer:
 
 
 def _hold(seconds: float) -> None:
-    """Sleep precisely: coarse sleep (GIL released), then a short final spin on the clock."""
+    """Hold precisely: a coarse sleep (the GIL released, as kernels release it), then a short busy spin.
+
+    The spin does not yield: yielding the CPU near the end let the scheduler overshoot by up to milliseconds.
+    """
     end = time.perf_counter() + seconds
     if seconds > 0.0003:
         time.sleep(seconds - 0.0002)
     while time.perf_counter() < end:
-        time.sleep(0)
+        pass
