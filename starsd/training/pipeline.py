@@ -365,6 +365,8 @@ def render_readme(report: Report) -> str:
         f"* **Target**: {_spec_line(t['spec'])}, tied embeddings: **{t['parameters']:,} parameters**.",
         f"  Trained as a language model: {_schedule_line(tt['config'], tt['tokens_seen'])}.",
         f"  Loss {tt['loss_first']:.2f} -> {tt['loss_last_50_mean']:.2f} (mean of the last 50 steps).",
+        f"  Both models accept up to {t['spec']['max_position_embeddings']} positions but were trained on",
+        f"  {tt['config']['seq_len']}-token windows: expect weaker text beyond that much context.",
         f"* **Draft**: {_spec_line(d['spec'])}, tied embeddings: **{d['parameters']:,} parameters**",
         f"  ({t['parameters'] / d['parameters']:.1f}x fewer than the target).{init}",
         "  Distilled from the target:",
