@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from starsd.paths import models_dir
 
 
 def default_models_dir() -> Path:
     """The shipped tokenizer and model pair (``$STARSD_MODELS_DIR`` overrides)."""
-    return Path(os.environ.get("STARSD_MODELS_DIR", REPO_ROOT / "models"))
+    return models_dir()
 
 
 def free_port(host: str = "127.0.0.1") -> int:

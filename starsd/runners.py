@@ -13,8 +13,6 @@ values of a prefix of its tokens, and the next forward pass feeds exactly the to
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import threading
@@ -25,6 +23,7 @@ from typing import Any
 import torch
 
 from starsd.sampling import SamplingParams, logits_to_probs, sample, truncate_top_k
+from starsd.vocab import vocab_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +43,6 @@ class LoadedModel:
     fingerprint: str  # digest of the tokenizer's vocabulary
     max_context: int
     eos_token_id: int | None
-
-
-def vocab_fingerprint(tokenizer: Any) -> str:
-    """A stable digest of a tokenizer's vocabulary (token -> id, special tokens): equal iff they agree."""
-    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-    specials = sorted(str(t) for t in tokenizer.all_special_tokens)
-    payload = json.dumps({"vocab": vocab, "special": specials}, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 def set_threads(threads: int | None) -> None:

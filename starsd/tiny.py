@@ -15,7 +15,6 @@ refuse at start.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from starsd.paths import models_dir
 from starsd.training.configs import ModelSpec, build_model
 
 # Files that make up a transformers fast tokenizer saved by starsd.training.tokenizer.save_tokenizer.
@@ -51,12 +51,8 @@ class ModelPair(NamedTuple):
 
 
 def shipped_models_dir() -> Path:
-    """The directory holding the shipped ``draft/`` and ``target/`` (``models/`` at the repository root).
-
-    ``STARSD_MODELS_DIR`` overrides it (e.g. in a container image that copies the models elsewhere).
-    """
-    env = os.environ.get("STARSD_MODELS_DIR")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "models"
+    """The shipped ``draft/`` and ``target/`` (see :func:`starsd.paths.models_dir`)."""
+    return models_dir()
 
 
 def shipped_pair(root: Path | None = None) -> ModelPair:
