@@ -78,12 +78,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     prof = sub.add_parser("profiles", help="the accelerator profiles and their sources")
     prof.add_argument("--json", action="store_true", help="print JSON")
     prof.set_defaults(_bench=run_profiles_command)
+    configure_beyond(sub)
 
 
 def run(args: argparse.Namespace) -> int:
     handler = getattr(args, "_bench", None)
     if handler is None:
-        print("starsd bench: choose a benchmark: star | profiles (see --help)", file=sys.stderr)
+        print(
+            "starsd bench: choose a benchmark: star | profiles | capacity | fairness | gamma | protocol (see --help)",
+            file=sys.stderr,
+        )
         return 2
     return int(handler(args))
 
@@ -234,3 +238,211 @@ async def _run(cfg: StarConfig, extra: list[str], args: argparse.Namespace) -> S
     finally:
         if proc is not None:
             proc.stop()
+
+
+# --- issue 9: batched drafting, fair scheduling, adaptive gamma; and the protocol overhead -------------------
+
+DEFAULT_DRAFT_MODEL = Path("models/draft")
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"values must be >= 1, got {text!r}")
+    return values
+
+
+def configure_beyond(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    cap = sub.add_parser(
+        "capacity",
+        help="draft capacity (requests/s at saturation) of the real draft, one-at-a-time vs batched",
+        formatter_class=fmt,
+    )
+    cap.add_argument("--draft-model", type=Path, default=DEFAULT_DRAFT_MODEL, help="draft checkpoint")
+    cap.add_argument("--batches", type=_int_list, default=(1, 8), help="--max-batch values, the first the baseline")
+    cap.add_argument("--sessions", type=int, default=32, help="saturating sessions (zero verify time)")
+    cap.add_argument("--gamma", type=int, default=4, help="draft tokens per request")
+    cap.add_argument("--duration", type=float, default=15.0, help="measured seconds per batch size")
+    cap.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
+    cap.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
+    cap.set_defaults(_bench=run_capacity_command)
+
+    fair = sub.add_parser(
+        "fairness", help="skewed demand on a fully loaded draft: --schedule fifo vs fair", formatter_class=fmt
+    )
+    fair.add_argument("--busy-sessions", type=int, default=16, help="sessions of the busy target")
+    fair.add_argument("--small-targets", type=int, default=3, help="targets with one session each")
+    fair.add_argument("--tq", type=float, default=0.004, help="emulated draft service time, seconds")
+    fair.add_argument("--tp", type=float, default=0.002, help="emulated verify time, seconds")
+    fair.add_argument("--gamma", type=int, default=4, help="draft tokens per round")
+    fair.add_argument("--alpha", type=float, default=0.7, help="per-position acceptance")
+    fair.add_argument("--duration", type=float, default=15.0, help="measured seconds per schedule")
+    fair.add_argument("--warmup", type=float, default=2.0, help="seconds before measuring")
+    fair.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
+    fair.set_defaults(_bench=run_fairness_command)
+
+    gam = sub.add_parser(
+        "gamma",
+        help="fixed gamma 1..8 vs adaptive gamma, per shipped profile, at N* and 4xN*",
+        formatter_class=fmt,
+    )
+    gam.add_argument("--profiles", help="comma-separated profile names (default: every shipped profile)")
+    gam.add_argument("--gammas", type=_int_list, default=tuple(range(1, 9)), help="fixed gammas to compare")
+    gam.add_argument("--n-multipliers", type=_int_list, default=(1, 4), help="N = N* times each")
+    gam.add_argument("--duration", type=float, default=1.5, help="measured seconds per point")
+    gam.add_argument("--warmup", type=float, default=0.4, help="seconds per point before measuring")
+    gam.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
+    gam.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    gam.set_defaults(_bench=run_gamma_command)
+
+    proto = sub.add_parser(
+        "protocol", help="protocol overhead per round on loopback (greedy and sampled)", formatter_class=fmt
+    )
+    proto.add_argument("--draft-model", type=Path, default=DEFAULT_DRAFT_MODEL, help="draft checkpoint")
+    proto.add_argument("--gamma", type=int, default=4, help="draft tokens per round")
+    proto.add_argument("--rounds", type=int, default=500, help="measured rounds per mode")
+    proto.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
+    proto.set_defaults(_bench=run_protocol_command)
+
+
+def _write_json(path: Path | None, data: object) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2) + "\n")
+        print(f"wrote {path}")
+
+
+def _machine() -> dict[str, object]:
+    import os
+
+    return {"loadavg_before": list(os.getloadavg()), "cpus": os.cpu_count(), "time": time.time()}
+
+
+def _draft_model(path: Path, name: str) -> Path | None:
+    if (path / "config.json").exists():
+        return path
+    print(
+        f"starsd bench {name}: no draft checkpoint at {path} (`starsd models tiny --out DIR` writes one)",
+        file=sys.stderr,
+    )
+    return None
+
+
+def run_capacity_command(args: argparse.Namespace) -> int:
+    from starsd.bench.beyond import format_capacity, measure_capacity, to_jsonable
+
+    draft = _draft_model(args.draft_model, "capacity")
+    if draft is None:
+        return 2
+    if args.sessions < 1 or args.duration <= 0 or args.warmup < 0 or args.gamma < 1:
+        return _error("--sessions, --gamma >= 1, --duration > 0, --warmup >= 0")
+    machine = _machine()
+    try:
+        points = asyncio.run(
+            measure_capacity(str(draft), args.batches, args.sessions, args.gamma, args.warmup, args.duration)
+        )
+    except RuntimeError as exc:
+        return _error(str(exc))
+    print(format_capacity(points))
+    _write_json(
+        args.json,
+        {"benchmark": "capacity", "draft_model": str(draft), "machine": machine, "points": to_jsonable(points)},
+    )
+    return 0
+
+
+def run_fairness_command(args: argparse.Namespace) -> int:
+    from starsd.bench.beyond import format_fairness, measure_fairness, to_jsonable
+
+    if args.busy_sessions < 1 or args.small_targets < 1 or args.tq <= 0 or args.tp < 0 or args.duration <= 0:
+        return _error("--busy-sessions, --small-targets >= 1, --tq > 0, --tp >= 0, --duration > 0")
+    machine = _machine()
+    try:
+        points = asyncio.run(
+            measure_fairness(
+                ("fifo", "fair"),
+                args.busy_sessions,
+                args.small_targets,
+                args.tq,
+                args.tp,
+                args.gamma,
+                args.alpha,
+                args.warmup,
+                args.duration,
+            )
+        )
+    except RuntimeError as exc:
+        return _error(str(exc))
+    print(format_fairness(points))
+    config = {k: getattr(args, k) for k in ("busy_sessions", "small_targets", "tq", "tp", "gamma", "alpha", "duration")}
+    _write_json(
+        args.json, {"benchmark": "fairness", "config": config, "machine": machine, "points": to_jsonable(points)}
+    )
+    return 0
+
+
+def run_gamma_command(args: argparse.Namespace) -> int:
+    from starsd.bench import profiles
+    from starsd.bench.beyond import format_gamma, measure_gamma, summarise_gamma, to_jsonable
+
+    names = [n.strip() for n in args.profiles.split(",")] if args.profiles else profiles.names()
+    try:
+        for name in names:
+            profiles.get(name)
+    except (KeyError, ValueError) as exc:
+        return _error(str(exc))
+    if args.duration <= 0 or args.warmup < 0:
+        return _error("--duration must be > 0 and --warmup >= 0")
+    machine = _machine()
+
+    def progress(line: str) -> None:
+        if not args.quiet:
+            print(line, file=sys.stderr)
+
+    try:
+        points = asyncio.run(
+            measure_gamma(
+                names, args.gammas, args.n_multipliers, args.warmup, args.duration, max(args.gammas), progress
+            )
+        )
+    except RuntimeError as exc:
+        return _error(str(exc))
+    print(format_gamma(points))
+    _write_json(
+        args.json,
+        {
+            "benchmark": "gamma",
+            "machine": machine,
+            "points": to_jsonable(points),
+            "summary": to_jsonable(summarise_gamma(points)),
+        },
+    )
+    return 0
+
+
+def run_protocol_command(args: argparse.Namespace) -> int:
+    from starsd.bench import protocol
+
+    draft = _draft_model(args.draft_model, "protocol")
+    if draft is None:
+        return 2
+    machine = _machine()
+    try:
+        results = protocol.run(draft, gamma=args.gamma, rounds=args.rounds)
+    except RuntimeError as exc:
+        return _error(str(exc))
+    print(protocol.format_table(results))
+    _write_json(
+        args.json,
+        {
+            "benchmark": "protocol",
+            "draft_model": str(draft),
+            "machine": machine,
+            "results": [r.to_json() for r in results],
+        },
+    )
+    return 0
