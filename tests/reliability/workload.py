@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 
-from starsd.local import REPO_ROOT
+from starsd.paths import REPO_ROOT
 
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
 
