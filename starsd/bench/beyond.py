@@ -350,7 +350,9 @@ class GammaTarget:
         seed: int,
         max_gamma: int = 8,
         session_tokens: int = 512,
+        first_gamma: int = 4,
     ) -> None:
+        self.first_gamma = min(first_gamma, max_gamma)
         self.stub = pb_grpc.DraftStub(channel)
         self.policy, self.alpha, self.tp, self.tc = policy, alpha, tp, tc
         self.vocab_size, self.max_gamma, self.session_tokens = vocab_size, max_gamma, session_tokens
@@ -360,6 +362,8 @@ class GammaTarget:
     def _gamma(self, est: AcceptanceEstimate, token_time: float, tp: float, tc: float, sessions: int) -> int:
         if isinstance(self.policy, int):
             return self.policy
+        if token_time <= 0.0:  # nothing measured yet: the plain gamma for the first round
+            return self.first_gamma
         return choose_gamma(est.alpha, token_time, tp, tc, sessions, self.max_gamma)
 
     async def run(self, stop: asyncio.Event) -> TargetRun:
@@ -514,7 +518,18 @@ async def measure_gamma(
                     def make(
                         ch: grpc.aio.Channel, i: int, policy: GammaPolicy = policy, made: list[GammaTarget] = made
                     ) -> GammaTarget:
-                        t = GammaTarget(f"t{i}", ch, policy, prof.alpha, prof.tp, prof.tc, vocab, i, max_gamma)
+                        t = GammaTarget(
+                            f"t{i}",
+                            ch,
+                            policy,
+                            prof.alpha,
+                            prof.tp,
+                            prof.tc,
+                            vocab,
+                            i,
+                            max_gamma,
+                            first_gamma=prof.gamma,
+                        )
                         made.append(t)
                         return t
 

@@ -294,7 +294,7 @@ def configure_beyond(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     gam.add_argument("--gammas", type=_int_list, default=tuple(range(1, 9)), help="fixed gammas to compare")
     gam.add_argument("--n-multipliers", type=_int_list, default=(1, 4), help="N = N* times each")
     gam.add_argument("--duration", type=float, default=1.5, help="measured seconds per point")
-    gam.add_argument("--warmup", type=float, default=0.4, help="seconds per point before measuring")
+    gam.add_argument("--warmup", type=float, default=0.6, help="seconds per point before measuring")
     gam.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     gam.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     gam.set_defaults(_bench=run_gamma_command)
