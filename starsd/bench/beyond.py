@@ -189,7 +189,13 @@ class CapacityPoint:
 
 
 async def measure_capacity(
-    draft_model: str, batches: Sequence[int], sessions: int, gamma: int, warmup: float, duration: float
+    draft_model: str,
+    batches: Sequence[int],
+    sessions: int,
+    gamma: int,
+    warmup: float,
+    duration: float,
+    session_tokens: int = 512,
 ) -> list[CapacityPoint]:
     points: list[CapacityPoint] = []
     for b in batches:
@@ -198,7 +204,14 @@ async def measure_capacity(
         async def body(
             address: str, vocab: int, probe: Callable[[], Awaitable[dict[str, float]]], b: int = b
         ) -> CapacityPoint:
-            spec = TargetSpec(gamma=gamma, betas=(0.7,) * gamma, verify_seconds=0.0, wire_seconds=0.0, vocab_size=vocab)
+            spec = TargetSpec(
+                gamma=gamma,
+                betas=(0.7,) * gamma,
+                verify_seconds=0.0,
+                wire_seconds=0.0,
+                vocab_size=vocab,
+                session_tokens=session_tokens,
+            )
             runs, t0, t1 = await _run_window(
                 address, lambda ch, i: EmulatedTarget(f"t{i}", ch, spec, seed=i), sessions, warmup, duration, probe
             )

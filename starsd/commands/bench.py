@@ -266,6 +266,9 @@ def configure_beyond(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     cap.add_argument("--batches", type=_int_list, default=(1, 8), help="--max-batch values, the first the baseline")
     cap.add_argument("--sessions", type=int, default=32, help="saturating sessions (zero verify time)")
     cap.add_argument("--gamma", type=int, default=4, help="draft tokens per request")
+    cap.add_argument(
+        "--session-tokens", type=int, default=512, help="tokens per session before it is released (its context)"
+    )
     cap.add_argument("--duration", type=float, default=15.0, help="measured seconds per batch size")
     cap.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
     cap.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
@@ -338,19 +341,27 @@ def run_capacity_command(args: argparse.Namespace) -> int:
     draft = _draft_model(args.draft_model, "capacity")
     if draft is None:
         return 2
-    if args.sessions < 1 or args.duration <= 0 or args.warmup < 0 or args.gamma < 1:
-        return _error("--sessions, --gamma >= 1, --duration > 0, --warmup >= 0")
+    if args.sessions < 1 or args.duration <= 0 or args.warmup < 0 or args.gamma < 1 or args.session_tokens < 1:
+        return _error("--sessions, --gamma, --session-tokens >= 1, --duration > 0, --warmup >= 0")
     machine = _machine()
     try:
         points = asyncio.run(
-            measure_capacity(str(draft), args.batches, args.sessions, args.gamma, args.warmup, args.duration)
+            measure_capacity(
+                str(draft), args.batches, args.sessions, args.gamma, args.warmup, args.duration, args.session_tokens
+            )
         )
     except RuntimeError as exc:
         return _error(str(exc))
     print(format_capacity(points))
     _write_json(
         args.json,
-        {"benchmark": "capacity", "draft_model": str(draft), "machine": machine, "points": to_jsonable(points)},
+        {
+            "benchmark": "capacity",
+            "draft_model": str(draft),
+            "session_tokens": args.session_tokens,
+            "machine": machine,
+            "points": to_jsonable(points),
+        },
     )
     return 0
 
