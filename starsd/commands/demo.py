@@ -12,7 +12,7 @@ from starsd.commands._common import fail
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--targets", type=int, default=4, help="target servers (default 4)")
     parser.add_argument("--gamma", type=int, default=4, help="tokens drafted per round (default 4)")
-    parser.add_argument("--requests", type=int, default=48, help="completions in the workload (default 48)")
+    parser.add_argument("--requests", type=int, default=96, help="completions in the workload (default 96)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per completion (default 64)")
     parser.add_argument("--concurrency", type=int, default=8, help="completions in flight at once (default 8)")
     parser.add_argument("--models", type=Path, help="folder with draft/ and target/ (default: the shipped models)")
