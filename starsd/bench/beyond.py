@@ -31,6 +31,7 @@ from starsd.bench.targets import (
     TargetRun,
     TargetSpec,
     draw_accepted,
+    exchange,
     fetch_vocab_size,
     open_channel,
 )
@@ -395,19 +396,11 @@ class GammaTarget:
                 if seq == 1:
                     record.sessions += 1
                 sent = time.perf_counter()
-                await call.write(
-                    pb.ProposeRequest(
-                        target_id=record.target_id, session_id=session, seq=seq, tokens=tokens, gamma=gamma
-                    )
+                request = pb.ProposeRequest(
+                    target_id=record.target_id, session_id=session, seq=seq, tokens=tokens, gamma=gamma
                 )
-                async with asyncio.timeout(30.0):
-                    response = await call.read()
+                response = await exchange(call, request, 30.0)
                 received = time.perf_counter()
-                if response is grpc.aio.EOF:
-                    raise RuntimeError("the draft closed the stream")
-                assert isinstance(response, pb.ProposeResponse)
-                if response.error_code:
-                    raise RuntimeError(f"draft error {response.error_code}: {response.error_message}")
                 proposed = list(response.token_ids)
                 service = float(response.service_seconds)
                 accepted = min(draw_accepted(self.rng, (self.alpha,) * len(proposed)), len(proposed))

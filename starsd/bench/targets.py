@@ -20,6 +20,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -28,6 +29,19 @@ from starsd.proto import starsd_pb2_grpc as pb_grpc
 
 _session_ids = itertools.count(1)
 _MAX_CORRECTION = 0.001  # seconds: about epoll's timer resolution
+
+
+async def exchange(call: Any, request: pb.ProposeRequest, timeout: float) -> pb.ProposeResponse:
+    """Send one request on a Propose stream and read its answer; a closed stream or an error raises."""
+    await call.write(request)
+    async with asyncio.timeout(timeout):  # cheaper than wait_for: no task per read
+        response = await call.read()
+    if response is grpc.aio.EOF:
+        raise RuntimeError("the draft closed the stream")
+    assert isinstance(response, pb.ProposeResponse)
+    if response.error_code:
+        raise RuntimeError(f"draft error {response.error_code}: {response.error_message}")
+    return response
 
 
 @dataclass(frozen=True)
@@ -127,15 +141,8 @@ class EmulatedTarget:
                 if seq == 1:
                     record.sessions += 1
                 sent = time.perf_counter()
-                await call.write(request)
-                async with asyncio.timeout(spec.timeout):  # cheaper than wait_for: no task per read
-                    response = await call.read()
+                response = await exchange(call, request, spec.timeout)
                 received = time.perf_counter()
-                if response is grpc.aio.EOF:
-                    raise RuntimeError("the draft closed the stream")
-                assert isinstance(response, pb.ProposeResponse)
-                if response.error_code:
-                    raise RuntimeError(f"draft error {response.error_code}: {response.error_message}")
                 if response.seq != seq or response.session_id != session:
                     raise RuntimeError(f"answer for seq {response.seq}, expected {seq}")
                 proposed = list(response.token_ids)
