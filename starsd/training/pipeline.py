@@ -342,6 +342,7 @@ def render_readme(report: Report) -> str:
         "",
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "",
         'model = AutoModelForCausalLM.from_pretrained("models/target")',
         'tokenizer = AutoTokenizer.from_pretrained("models/target")',
         "```",
