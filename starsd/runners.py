@@ -102,9 +102,9 @@ def check_same_vocabulary(draft: LoadedModel, target: LoadedModel) -> None:
 
 
 def _new_cache() -> Any:
-    from transformers import DynamicCache
+    from starsd import kvcache  # imports transformers: only once a model is in use
 
-    return DynamicCache()
+    return kvcache.new_cache()
 
 
 def _forward(model: Any, tokens: list[int], cache: Any) -> torch.Tensor:
@@ -112,6 +112,20 @@ def _forward(model: Any, tokens: list[int], cache: Any) -> torch.Tensor:
     input_ids = torch.tensor([tokens], dtype=torch.long)  # [1, T]
     out = model(input_ids=input_ids, past_key_values=cache, use_cache=True)
     return out.logits[0]  # [T, V]
+
+
+def _attention_4d(keys: torch.Tensor, queries: int) -> torch.Tensor:
+    """The full attention mask ``[B, 1, queries, K]`` (True: attend) for the last ``queries`` columns.
+
+    ``keys [B, K]`` marks the real (1) and padding (0) key columns; query ``i`` sits at column
+    ``K - queries + i`` and attends the real columns up to its own. Built here because transformers builds a
+    padded batch's mask with ``vmap``, which costs far more than the tiny draft's forward pass.
+    """
+    total = keys.shape[1]
+    columns = torch.arange(total)
+    rows = torch.arange(total - queries, total).unsqueeze(1)  # [queries, 1]
+    causal = columns.unsqueeze(0) <= rows  # [queries, K]
+    return keys.bool()[:, None, None, :] & causal[None, None, :, :]
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -242,43 +256,35 @@ class DraftRunner:
     def _batched_steps(
         self, requests: list[DraftRequest], rows: list[tuple[int, list[int], int]], proposals: list[Proposal]
     ) -> None:
-        from transformers import DynamicCache
+        from starsd import kvcache
 
         states = [requests[i].state for i, _, _ in rows]
         cached = [len(s.cached) for s in states]
         widths = [len(feed) for _, feed, _ in rows]
         past, width, steps = max(cached), max(widths), max(g for _, _, g in rows)
         batch = len(rows)
-        # Past keys/values [B, H, past, D], left-padded; sessions with no cache yet contribute zeros.
+        total = past + width + steps - 1  # every column this batch will hold
         layers = self.loaded.model.config.num_hidden_layers
-        template = next((s.cache for s in states if s.cached), None)
-        legacy = []
-        for layer in range(layers):
-            ks, vs = [], []
-            for s, n in zip(states, cached, strict=True):
-                if template is None:
-                    break
-                ref_k = template.layers[layer].keys
-                k = s.cache.layers[layer].keys if n else ref_k[:, :, :0]
-                v = s.cache.layers[layer].values if n else ref_k[:, :, :0]
-                pad = past - n
-                ks.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
-                vs.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
-            if ks:
-                legacy.append((torch.cat(ks), torch.cat(vs)))
-        cache = DynamicCache(legacy) if legacy else DynamicCache()
-        mask = torch.zeros(batch, past + width, dtype=torch.long)  # [B, past + width]
-        input_ids = torch.zeros(batch, width, dtype=torch.long)  # [B, width]
-        positions = torch.zeros(batch, width, dtype=torch.long)
+        cache = kvcache.batch_cache([s.cache for s in states], cached, layers, total)
+        # Row b: its cache right-aligned in [past - n, past), its feed from ``past`` (right-padded to
+        # ``width``), then one column per drafting step; the mask marks the real columns.
+        mask = torch.zeros(batch, total, dtype=torch.bool)
+        input_ids = torch.zeros(batch, width, dtype=torch.long)
         for b, ((_, feed, _), n) in enumerate(zip(rows, cached, strict=True)):
-            mask[b, past - n : past] = 1
-            mask[b, past : past + len(feed)] = 1
+            mask[b, past - n : past + len(feed)] = True
             input_ids[b, : len(feed)] = torch.tensor(feed)
-            positions[b] = n + torch.arange(width)
+        base = torch.tensor(cached).unsqueeze(1)  # [B, 1]: each row's first new position
+        positions = base + torch.arange(width)
         model = self.loaded.model
-        logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache).logits
-        last = torch.tensor([w - 1 for w in widths])
-        next_logits = logits[torch.arange(batch), last]  # [B, V]
+        filled = past + width
+        logits = model(
+            input_ids=input_ids,
+            attention_mask=_attention_4d(mask[:, :filled], width),
+            position_ids=positions,
+            past_key_values=cache,
+        ).logits
+        next_logits = logits[torch.arange(batch), torch.tensor(widths) - 1]  # [B, V]
+        step_base = base + torch.tensor(widths).unsqueeze(1)  # [B, 1]: the first drafted token's position
         for step in range(steps):
             chosen = []
             for b, (i, _, gamma) in enumerate(rows):
@@ -289,24 +295,20 @@ class DraftRunner:
                     chosen.append(0)
             if step + 1 == steps:
                 break
-            mask = torch.cat([mask, torch.ones(batch, 1, dtype=torch.long)], dim=1)
-            step_positions = torch.tensor([[n + w + step] for n, w in zip(cached, widths, strict=True)])
+            mask[:, filled] = True
+            filled += 1
             out = model(
                 input_ids=torch.tensor(chosen).unsqueeze(1),
-                attention_mask=mask,
-                position_ids=step_positions,
+                attention_mask=_attention_4d(mask[:, :filled], 1),
+                position_ids=step_base + step,
                 past_key_values=cache,
             )
             next_logits = out.logits[:, -1]
         # Hand each row's new keys/values back to its own session: its feed, then the tokens it fed.
         for b, ((i, feed, gamma), s) in enumerate(zip(rows, states, strict=True)):
             fed_steps = gamma - 1  # the last proposal is never fed
-            cols = list(range(past, past + len(feed))) + [past + width + t for t in range(fed_steps)]
-            index = torch.tensor(cols)
-            for layer in range(layers):
-                keys, values = cache.layers[layer].keys, cache.layers[layer].values
-                assert keys is not None and values is not None
-                s.cache.update(keys[b : b + 1, :, index], values[b : b + 1, :, index], layer)
+            spans = [(past, past + len(feed)), (past + width, past + width + fed_steps)]
+            kvcache.copy_row(cache, b, spans, s.cache, layers)
             s.cached.extend(feed)
             s.cached.extend(proposals[i].token_ids[:fed_steps])
 

@@ -135,3 +135,33 @@ def test_batched_drafting_matches_drafting_one_session_at_a_time(random_pair: tu
             keep = int(torch.randint(0, len(a.token_ids) + 1, (), generator=gen))
             new.append([*a.token_ids[:keep], int(torch.randint(0, draft.vocab_size, (), generator=gen))])
     assert [s.committed for s in alone] == [s.committed for s in batched]
+
+
+def test_a_batch_mixes_new_sessions_with_long_cached_ones(random_pair: tuple[Path, Path]) -> None:
+    """New sessions (no cache yet), long ones (caches past their first growth) and gamma 1 share one batch."""
+    from starsd.runners import DraftRequest
+
+    draft = load_checkpoint(random_pair[0])
+    proposer = DraftRunner(draft)
+    rng = torch.Generator().manual_seed(1)
+
+    def tokens(n: int) -> list[int]:
+        return [int(t) for t in torch.randint(0, draft.vocab_size, (n,), generator=rng)]
+
+    alone = [proposer.new_state(seed=None) for _ in range(3)]
+    batched = [proposer.new_state(seed=None) for _ in range(3)]
+    history = tokens(150)  # longer than a slab's first capacity: its buffer has grown
+    for a, b in zip(alone[:2], batched[:2], strict=True):
+        proposer.propose(a, history, 3, GREEDY, 8)
+        proposer.propose(b, history, 3, GREEDY, 8)
+    new = [tokens(1), tokens(5), tokens(9)]  # the third session is new: its first request is its prompt
+    for gammas in ([1, 4, 2], [3, 1, 4], [4, 4, 1]):
+        one = [proposer.propose(s, t, g, GREEDY, 8) for s, t, g in zip(alone, new, gammas, strict=True)]
+        many = proposer.propose_batch(
+            [DraftRequest(s, t, g, GREEDY, 8) for s, t, g in zip(batched, new, gammas, strict=True)]
+        )
+        assert [p.token_ids for p in one] == [p.token_ids for p in many]
+        new = [[*p.token_ids[:1], *tokens(1)] for p in one]
+    # Afterwards each session drafts alone from the cache the batch handed back.
+    for a, b in zip(alone, batched, strict=True):
+        assert proposer.propose(a, [7], 4, GREEDY, 8).token_ids == proposer.propose(b, [7], 4, GREEDY, 8).token_ids
