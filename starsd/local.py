@@ -188,6 +188,8 @@ class LocalStar:
                 status, body = http_json(url, timeout=2.0)
                 if status == 200 and (not need_draft or body.get("draft_connected")):
                     return
+                if need_draft and body.get("draft_incompatible"):  # waiting longer cannot help
+                    raise StartError(f"{proc.name} cannot use the draft: {body.get('draft_error')}")
             time.sleep(0.2)
         raise StartError(f"{proc.name} was not ready in time ({url}); its log ends with:\n{proc.log_tail()}")
 

@@ -30,7 +30,6 @@ from starsd.bench.targets import (
     EmulatedTarget,
     TargetRun,
     TargetSpec,
-    draw_accepted,
     exchange,
     fetch_vocab_size,
     open_channel,
@@ -344,12 +343,35 @@ class GammaRecord:
     gammas: list[int] = field(default_factory=list)
 
 
+class EmulatedText:
+    """Which drafted tokens a target accepts, fixed by position in its text (common random numbers).
+
+    Position ``k`` of the text is one the draft gets right with probability ``alpha``, drawn once: a round
+    starting at ``k`` accepts the run of right positions from ``k`` (up to gamma). Every policy compared
+    meets the same text, so their difference in throughput is the policy's, not the luck of the draws.
+    """
+
+    def __init__(self, alpha: float, seed: int) -> None:
+        self.alpha = alpha
+        self._rng = random.Random(seed)
+        self._right: list[bool] = []
+
+    def accepted(self, position: int, gamma: int) -> int:
+        while len(self._right) < position + gamma:
+            self._right.append(self._rng.random() < self.alpha)
+        run = 0
+        while run < gamma and self._right[position + run]:
+            run += 1
+        return run
+
+
 class GammaTarget:
     """An emulated target whose gamma is fixed or chosen per round with ``choose_gamma``.
 
-    Acceptance is drawn per position with the profile's constant alpha, up to ``max_gamma``. The adaptive
-    choice sees only what a real target measures: its acceptance, the draft's ``service_seconds`` per
-    proposed token and ``draft_sessions``, its own verify time and its round trip less the draft's time.
+    Acceptance follows an :class:`EmulatedText` with the profile's constant alpha. The adaptive choice sees
+    only what a real target measures: its acceptance, the draft's ``service_seconds`` per proposed token
+    and ``draft_sessions``, its own verify time, and the transfer time (the smallest round trip less the
+    draft's time, halved, as ``starsd target`` measures it).
     """
 
     def __init__(
@@ -371,6 +393,7 @@ class GammaTarget:
         self.policy, self.alpha, self.tp, self.tc = policy, alpha, tp, tc
         self.vocab_size, self.max_gamma, self.session_tokens = vocab_size, max_gamma, session_tokens
         self.rng = random.Random(seed)
+        self.text = EmulatedText(alpha, seed)
         self.record = GammaRecord(TargetRun(target_id))
 
     def _gamma(self, est: AcceptanceEstimate, token_time: float, tp: float, tc: float, sessions: int) -> int:
@@ -388,9 +411,12 @@ class GammaTarget:
         session, seq, committed = next(_session_ids), 1, 0
         tokens = [self.rng.randrange(self.vocab_size) for _ in range(16)]
         est = AcceptanceEstimate()
-        token_time, tp_seen, tc_seen, sessions = 0.0, self.tp, self.tc, 1
+        token_time, tp_seen, sessions = 0.0, self.tp, 1
+        transfer = float("inf")  # one way, loopback included: the smallest seen (queue-free)
+        position = 0  # in this target's text, across its sessions
         try:
             while not stop.is_set():
+                tc_seen = self.tc + (0.0 if transfer == float("inf") else transfer)
                 gamma = self._gamma(est, token_time, tp_seen, tc_seen, sessions)
                 self.record.gammas.append(gamma)
                 if seq == 1:
@@ -403,7 +429,9 @@ class GammaTarget:
                 received = time.perf_counter()
                 proposed = list(response.token_ids)
                 service = float(response.service_seconds)
-                accepted = min(draw_accepted(self.rng, (self.alpha,) * len(proposed)), len(proposed))
+                accepted = self.text.accepted(position, len(proposed))
+                position += accepted + 1
+                transfer = min(transfer, max(0.0, (received - sent - service) / 2))
                 before = time.perf_counter()
                 await asyncio.sleep(self.tp + 2 * self.tc)
                 committed_at = time.perf_counter()
@@ -414,7 +442,6 @@ class GammaTarget:
                     token_time = service / len(proposed)
                 sessions = max(1, int(response.draft_sessions))
                 tp_seen = max(0.0, committed_at - before - 2 * self.tc)
-                tc_seen = self.tc  # the emulated wire: a real target would take it from its ping
                 tokens = [*proposed[:accepted], self.rng.randrange(self.vocab_size)]
                 committed += accepted + 1
                 seq += 1

@@ -19,6 +19,8 @@ import aiohttp
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from starsd import procfs
+
 SERVICE_NAME = "starsd.v1.Draft"
 
 
@@ -29,13 +31,8 @@ def free_port() -> int:
 
 
 def process_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a process (all its threads), from /proc; None where unavailable."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    # After the command name: state is field 3, utime field 14, stime field 15 (1-based, see proc(5)).
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of the draft process and its model process; None where unavailable."""
+    return procfs.cpu_seconds(pid)
 
 
 @dataclass

@@ -34,6 +34,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="seconds before an idle session is freed (default 300)",
     )
     parser.add_argument("--max-gamma", type=int, default=16, help="largest gamma accepted (default 16)")
+    parser.add_argument(
+        "--model-process",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the model in a process of its own, so that serving and drafting do not share one Python "
+        "interpreter lock (default; --no-model-process keeps it in the server's process)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: $STARSD_TORCH_THREADS or 1)")
     parser.add_argument("--tls-cert", type=Path, help="PEM certificate: serve gRPC over TLS (with --tls-key)")
     parser.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
@@ -65,7 +72,11 @@ def run(args: argparse.Namespace) -> int:
         return fail("--max-batch, --max-gamma and --max-sessions must be >= 1")
     proposer: Proposer
     try:
-        if args.model is not None:
+        if args.model is not None and args.model_process:
+            from starsd.draft.model_process import ProcessProposer
+
+            proposer = ProcessProposer(args.model, args.threads)
+        elif args.model is not None:
             set_threads(args.threads)
             proposer = ModelProposer(load_checkpoint(args.model))
         else:
@@ -88,7 +99,11 @@ def run(args: argparse.Namespace) -> int:
         tls_key=args.tls_key,
     )
     try:
-        asyncio.run(serve_forever(DraftServer(proposer, config, options)))
+        failure = asyncio.run(serve_forever(DraftServer(proposer, config, options)))
     except OSError as exc:
         return fail(str(exc))
+    finally:
+        proposer.close()
+    if failure:
+        return fail(f"the draft stopped: {failure}", code=1)
     return 0

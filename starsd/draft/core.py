@@ -19,7 +19,7 @@ import grpc
 from starsd.draft.buffer import RequestBuffer
 from starsd.draft.load import LoadTracker
 from starsd.draft.metrics import DraftMetrics
-from starsd.draft.proposers import ProposalRequest, Proposer
+from starsd.draft.proposers import ProposalRequest, Proposer, ProposerFailed
 from starsd.draft.sessions import Session, SessionError, SessionStore
 from starsd.proto import starsd_pb2 as pb
 from starsd.runners import Proposal
@@ -115,10 +115,17 @@ class DraftCore:
         self.streams: set[Stream] = set()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        self.failure: str | None = None  # why the draft cannot compute any more (it must be restarted)
+        self.failed = asyncio.Event()  # set on the event loop once ``failure`` is known
+        self._loop: asyncio.AbstractEventLoop | None = None  # the server's loop, for answers from the thread
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
     def start(self) -> None:
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
         self._thread = threading.Thread(target=self._compute_loop, name="draft-compute", daemon=True)
         self._thread.start()
 
@@ -127,6 +134,7 @@ class DraftCore:
         self.buffer.close()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self.proposer.close()
 
     # --- streams (event loop) ------------------------------------------------------------------------
 
@@ -190,6 +198,11 @@ class DraftCore:
             batch = self.buffer.take(self.config.max_batch, timeout=0.5)
             if batch:
                 self._compute(batch)
+                continue
+            try:
+                self.proposer.check()  # idle: a dead model must not wait for the next request to be noticed
+            except ProposerFailed as exc:
+                self._failed_in_thread(exc, self._loop)
 
     def _compute(self, batch: list[Work]) -> None:
         start = time.perf_counter()
@@ -199,12 +212,25 @@ class DraftCore:
         ]
         try:
             proposals: list[Proposal | Exception] = list(self.proposer.propose_batch(requests))
+        except ProposerFailed as exc:  # nothing more can be computed: answer, then stop serving
+            self._failed_in_thread(exc, batch[0].stream.loop)
+            proposals = [exc] * len(batch)
         except Exception as exc:  # a failing batch must not stop the draft: answer each request's error
             log.exception("drafting failed for a batch of %d", len(batch))
             proposals = [exc] * len(batch)
         end = time.perf_counter()
         # Everything else happens on the event loop, so this thread goes straight to the next request.
         batch[0].stream.loop.call_soon_threadsafe(self._finish, batch, proposals, start, end)
+
+    def _failed_in_thread(self, exc: ProposerFailed, loop: asyncio.AbstractEventLoop | None) -> None:
+        log.critical("%s; the draft stops serving so that it is restarted", exc)
+        self._stopping.set()
+        if loop is not None:
+            loop.call_soon_threadsafe(self._fail, str(exc))
+
+    def _fail(self, reason: str) -> None:
+        self.failure = reason
+        self.failed.set()
 
     def _finish(self, batch: list[Work], proposals: list[Proposal | Exception], start: float, end: float) -> None:
         """Back on the event loop: record the service, build the answers, hand them to their streams."""
@@ -214,7 +240,8 @@ class DraftCore:
         per_request = (end - start) / len(batch)
         for work, proposal in zip(batch, proposals, strict=True):
             if isinstance(proposal, Exception):
-                err = SessionError(grpc.StatusCode.INTERNAL, f"drafting failed: {proposal}")
+                code = grpc.StatusCode.UNAVAILABLE if isinstance(proposal, ProposerFailed) else grpc.StatusCode.INTERNAL
+                err = SessionError(code, f"drafting failed: {proposal}")
                 response = _error_response(work.request, err)
             else:
                 response = _proposal_response(work.request, proposal, per_request)

@@ -21,12 +21,21 @@ class ProposerInfo:
     max_context: int
 
 
+class ProposerFailed(RuntimeError):
+    """The proposer cannot compute any more (its model process died): the draft must be restarted."""
+
+
 class Proposer(Protocol):
     info: ProposerInfo
 
     def new_state(self, seed: int | None) -> Any: ...
 
     def propose_batch(self, batch: list[ProposalRequest]) -> list[Proposal]: ...
+
+    def check(self) -> None:
+        """Raise :class:`ProposerFailed` if the proposer can no longer compute (called while idle)."""
+
+    def close(self) -> None: ...
 
 
 class ModelProposer:
@@ -41,6 +50,12 @@ class ModelProposer:
 
     def propose_batch(self, batch: list[ProposalRequest]) -> list[Proposal]:
         return self.runner.propose_batch(batch)
+
+    def check(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def parse_batch_curve(text: str) -> dict[int, float]:
@@ -103,6 +118,12 @@ class EmulatedProposer:
     def propose_batch(self, batch: list[ProposalRequest]) -> list[Proposal]:
         _hold(curve_time(self.curve, len(batch)) + self.token_time * max(r.gamma for r in batch))
         return [Proposal(token_ids=[i % self.info.vocab_size for i in range(r.gamma)]) for r in batch]
+
+    def check(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _hold(seconds: float) -> None:

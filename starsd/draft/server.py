@@ -131,13 +131,21 @@ class DraftServer:
         self.core.stop()
 
 
-async def serve_forever(server: DraftServer) -> None:
-    """Serve until SIGINT or SIGTERM, then shut down gracefully."""
+async def serve_forever(server: DraftServer) -> str | None:
+    """Serve until SIGINT or SIGTERM (or until the model fails), then shut down gracefully.
+
+    Returns why the draft failed, or None after a requested shutdown.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
-    await stop.wait()
+    signalled = asyncio.create_task(stop.wait())
+    failed = asyncio.create_task(server.core.failed.wait())
+    await asyncio.wait([signalled, failed], return_when=asyncio.FIRST_COMPLETED)
+    signalled.cancel()
+    failed.cancel()
     log.info("shutting down the draft")
     await server.stop()
+    return server.core.failure

@@ -63,6 +63,7 @@ class DraftClient:
         self.connected = False
         self.generation = 0  # bumped on every new stream: sessions of an older one are gone on the draft
         self.last_error = ""
+        self.incompatible = False  # the draft serves another vocabulary: retrying cannot help until it changes
         self._queue: asyncio.Queue[pb.ProposeRequest | None] = asyncio.Queue()
         self._pending: dict[tuple[int, int], asyncio.Future[pb.ProposeResponse | None]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -107,6 +108,7 @@ class DraftClient:
                 stub = pb_grpc.DraftStub(channel)
                 info = await stub.Info(pb.InfoRequest(), timeout=self.options.connect_timeout)
                 check_draft_info(info, self.fingerprint, self.vocab_size)
+                self.incompatible = False
                 self._queue = asyncio.Queue()
                 call = stub.Propose(self._requests(self._queue))
                 self.generation += 1
@@ -121,6 +123,7 @@ class DraftClient:
                 self.last_error = "the draft closed the stream"
             except VocabularyMismatch as exc:
                 self.last_error = str(exc)
+                self.incompatible = True
                 log.error("%s", exc)
                 backoff = self.options.backoff_max
             except grpc.aio.AioRpcError as exc:

@@ -87,6 +87,7 @@ class TargetApp:
                 "status": "ready",
                 "draft_connected": bool(draft and draft.connected),
                 "draft_error": (draft.last_error if draft and not draft.connected else ""),
+                "draft_incompatible": bool(draft and draft.incompatible),
             }
         )
 

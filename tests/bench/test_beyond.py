@@ -97,3 +97,21 @@ def test_fairness_end_to_end_writes_json(tmp_path: Path, capsys: pytest.CaptureF
         assert set(p["per_target"]) == {"busy", "small-1"}
         assert 0.5 <= p["jain"] <= 1.0
     assert "Jain" in capsys.readouterr().out
+
+
+def test_emulated_text_accepts_with_alpha_per_position_and_is_the_same_for_every_gamma() -> None:
+    from starsd.bench.beyond import EmulatedText
+
+    alpha, rounds = 0.7, 20_000
+    text = EmulatedText(alpha, seed=4)
+    position, accepted, drafted = 0, 0, 0
+    for _ in range(rounds):
+        run = text.accepted(position, 4)
+        accepted += run
+        drafted += run + (1 if run < 4 else 0)  # positions judged: the run and the first wrong one
+        position += run + 1
+    assert abs(accepted / drafted - alpha) < 0.01  # positions are right with probability alpha
+    # Another gamma on the same seed meets the same text: a run is the other's, cut at its own gamma.
+    short, long = EmulatedText(alpha, seed=9), EmulatedText(alpha, seed=9)
+    for position in range(0, 500, 3):
+        assert short.accepted(position, 2) == min(long.accepted(position, 8), 2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -9,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from starsd import procfs
 from starsd.local import LocalStar, http_json
 from tests.integration.conftest import PROMPTS, Reference, start_star
 
@@ -61,3 +64,23 @@ def test_draft_killed_during_requests_then_restarted(star2: LocalStar, reference
     again = _complete(star2.urls[1], PROMPTS[10])
     assert again["starsd"]["drafted_tokens"] > 0 and again["starsd"]["fallback_tokens"] == 0
     assert again["starsd"]["token_ids"] == reference.greedy(PROMPTS[10], MAX_TOKENS)
+
+
+def test_a_dead_model_process_stops_the_draft_with_its_reason(star2: LocalStar, reference: Reference) -> None:
+    """The model runs in a child of the draft; if it dies, the draft exits with status 1 and says why."""
+    _wait_linked(star2)
+    assert star2.draft is not None and star2.draft.popen is not None
+    children = procfs.descendants(star2.draft.popen.pid)
+    models = [p for p in children if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert len(models) == 1, f"expected one model process below the draft, found {children}"
+    os.kill(models[0], signal.SIGKILL)
+    # Noticed while idle, without waiting for a request: Kubernetes restarts a draft that exits.
+    assert star2.draft.wait(30) == 1, star2.draft.log_tail()
+    assert "the draft model process" in star2.draft.log_tail()
+    body = _complete(star2.urls[0], PROMPTS[11])  # the targets serve on alone
+    assert body["starsd"]["token_ids"] == reference.greedy(PROMPTS[11], MAX_TOKENS)
+    star2.restart_draft()
+    _wait_linked(star2)
+    again = _complete(star2.urls[1], PROMPTS[12])
+    assert again["starsd"]["drafted_tokens"] > 0
+    assert again["starsd"]["token_ids"] == reference.greedy(PROMPTS[12], MAX_TOKENS)

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from starsd import procfs
 from starsd.faults import ThreadedFaultProxy
 from starsd.local import LocalStar, Proc, default_models_dir, free_port, http_json
 from starsd.runners import load_checkpoint
@@ -61,12 +62,11 @@ def long_greedy_prompts(oracle: Reference, n: int, max_tokens: int) -> list[str 
 
 
 def draft_rss_bytes(star: LocalStar) -> int:
-    """Resident memory of the draft process, from /proc/<pid>/status."""
+    """Resident memory of the draft: its server process and its model process."""
     assert star.draft is not None and star.draft.popen is not None
-    for line in Path(f"/proc/{star.draft.popen.pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS in /proc status")
+    rss = procfs.rss_bytes(star.draft.popen.pid)
+    assert rss is not None, "the draft process is gone"
+    return rss
 
 
 def draft_metrics(star: LocalStar) -> dict[str, float]:

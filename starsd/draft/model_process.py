@@ -1,0 +1,168 @@
+"""The draft model in a process of its own.
+
+The server's event loop (gRPC, sessions, answers) and the model's Python overhead (transformers' modules, a
+few hundred tensor operations per step) would otherwise take turns on one interpreter lock, which pins the
+draft at one core however much the batching saves. Here the server's compute thread sends each batch over
+a pipe to a worker process that owns the model and every session's KV cache, and blocks (lock released)
+until the answers come back.
+
+Session state on the server side is a :class:`RemoteState` handle; when the server drops a session the
+handle is collected and its id rides along with the next batch, so the worker frees that cache.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import multiprocessing
+import signal
+import threading
+import weakref
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from starsd.draft.proposers import ProposalRequest, ProposerFailed, ProposerInfo
+from starsd.runners import ModelLoadError, Proposal
+
+log = logging.getLogger(__name__)
+
+
+class ModelProcessGone(ProposerFailed):
+    """The model process exited: the draft cannot compute any more."""
+
+
+@dataclass(eq=False)
+class RemoteState:
+    """A session's handle: its KV cache and RNG live in the model process under ``id``."""
+
+    id: int
+    seed: int | None
+    opened: bool = False  # the model process has created the state
+
+
+class ProcessProposer:
+    """A :class:`~starsd.draft.proposers.Proposer` whose model runs in a child process."""
+
+    def __init__(self, model: str | Path, threads: int | None = None, start_timeout: float = 600.0) -> None:
+        ctx = multiprocessing.get_context("spawn")  # no fork: the parent's threads and locks stay behind
+        self._conn, child = ctx.Pipe()
+        self._process = ctx.Process(
+            target=worker_main, args=(child, str(model), threads), name="starsd-draft-model", daemon=True
+        )
+        self._process.start()
+        child.close()
+        self._ids = itertools.count(1)
+        self._freed: collections.deque[int] = collections.deque()  # appended by finalizers, on any thread
+        self._lock = threading.Lock()  # one batch in flight on the pipe
+        try:
+            if not self._conn.poll(start_timeout):
+                raise ModelLoadError(f"the draft model process did not load {str(model)!r} in {start_timeout:.0f} s")
+            kind, payload = self._conn.recv()
+        except (EOFError, OSError):
+            self._process.join(5)
+            raise ModelLoadError(
+                f"the draft model process exited while loading {str(model)!r} (exit code {self._process.exitcode})"
+            ) from None
+        if kind == "error":
+            self._process.join(5)
+            raise ModelLoadError(str(payload))
+        self.info = ProposerInfo(*payload)
+        self.pid = self._process.pid
+        log.info("draft model %r loaded in process %s", self.info.model_name, self.pid)
+
+    def new_state(self, seed: int | None) -> RemoteState:
+        state = RemoteState(next(self._ids), seed)
+        weakref.finalize(state, self._freed.append, state.id)
+        return state
+
+    def propose_batch(self, batch: list[ProposalRequest]) -> list[Proposal]:
+        freed: list[int] = []
+        while self._freed:
+            freed.append(self._freed.popleft())
+        items = []
+        for r in batch:
+            state = r.state
+            assert isinstance(state, RemoteState)
+            items.append((state.id, None if state.opened else state.seed, r.new_tokens, r.gamma, r.params, r.top_k))
+            state.opened = True
+        with self._lock:
+            try:
+                self._conn.send(("batch", freed, items))
+                kind, payload = self._conn.recv()
+            except (EOFError, OSError, BrokenPipeError) as exc:
+                raise ModelProcessGone(
+                    f"the draft model process {self.pid} is gone (exit code {self._process.exitcode}): {exc}"
+                ) from None
+        if kind == "error":
+            raise RuntimeError(payload)
+        return [Proposal(ids, q_ids, q_probs) for ids, q_ids, q_probs in payload]
+
+    def states_held(self) -> int:
+        """How many session states the model process holds (after freeing those already dropped here)."""
+        with self._lock:
+            freed: list[int] = []
+            while self._freed:
+                freed.append(self._freed.popleft())
+            self._conn.send(("count", freed, None))
+            _, count = self._conn.recv()
+        return int(count)
+
+    def check(self) -> None:
+        if not self._process.is_alive():
+            raise ModelProcessGone(f"the draft model process {self.pid} exited (exit code {self._process.exitcode})")
+
+    def close(self, timeout: float = 5.0) -> None:
+        if self._process.is_alive():
+            try:
+                with self._lock:
+                    self._conn.send(("stop", None, None))
+            except OSError:
+                pass
+            self._process.join(timeout)
+        if self._process.is_alive():
+            self._process.terminate()
+            self._process.join(timeout)
+        self._conn.close()
+
+
+def worker_main(conn: Connection, model: str, threads: int | None) -> None:
+    """The model process: load the checkpoint, then answer batches until told to stop or the parent is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server shuts us down
+    from starsd.runners import DraftRequest, DraftRunner, load_checkpoint, set_threads
+
+    set_threads(threads)
+    try:
+        loaded = load_checkpoint(model)
+    except ModelLoadError as exc:
+        conn.send(("error", str(exc)))
+        return
+    runner = DraftRunner(loaded)
+    conn.send(("ready", (loaded.name, loaded.vocab_size, loaded.fingerprint, loaded.max_context)))
+    states: dict[int, Any] = {}
+    while True:
+        try:
+            kind, freed, items = conn.recv()
+        except (EOFError, OSError):
+            return  # the server is gone
+        if kind == "stop":
+            return
+        for sid in freed:
+            states.pop(sid, None)
+        if kind == "count":
+            conn.send(("ok", len(states)))
+            continue
+        requests = []
+        for sid, seed, tokens, gamma, params, top_k in items:
+            state = states.get(sid)
+            if state is None:
+                state = states[sid] = runner.new_state(seed)
+            requests.append(DraftRequest(state, tokens, gamma, params, top_k))
+        try:
+            proposals = runner.propose_batch(requests)
+            reply: tuple[str, Any] = ("ok", [(p.token_ids, p.q_ids, p.q_probs) for p in proposals])
+        except Exception as exc:  # one bad batch must not end the process: the server answers its error
+            reply = ("error", f"{type(exc).__name__}: {exc}")
+        conn.send(reply)
