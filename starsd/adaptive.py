@@ -14,6 +14,7 @@ output does not depend on gamma, so adapting it never changes what a client rece
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from starsd.model import expected_tokens_per_round
@@ -30,7 +31,7 @@ class AcceptanceEstimate:
 
     accepted: float = 2.0  # prior: alpha = 2/3 before any round
     rejected: float = 1.0
-    decay: float = 0.9
+    decay: float = 0.97
 
     def update(self, accepted: int, drafted: int) -> None:
         if drafted <= 0:
@@ -41,6 +42,11 @@ class AcceptanceEstimate:
     @property
     def alpha(self) -> float:
         return min(0.99, max(0.01, self.accepted / (self.accepted + self.rejected)))
+
+
+def ewma(mean: float, sample: float, weight: float = 0.1) -> float:
+    """An exponentially weighted mean; ``mean`` NaN means no sample yet (the first sample is taken as is)."""
+    return sample if math.isnan(mean) else (1.0 - weight) * mean + weight * sample
 
 
 def session_throughput(gamma: int, alpha: float, token_time: float, tp: float, tc: float, sessions: int) -> float:

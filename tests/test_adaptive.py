@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from starsd.adaptive import AcceptanceEstimate, choose_gamma, session_throughput
+from starsd.adaptive import AcceptanceEstimate, choose_gamma, ewma, session_throughput
 from starsd.model import throughput
 
 
@@ -44,12 +44,18 @@ def test_no_measurement_keeps_the_configured_gamma() -> None:
 
 def test_acceptance_estimate_follows_observed_rounds() -> None:
     est = AcceptanceEstimate()
-    for _ in range(50):
+    for _ in range(300):
         est.update(accepted=4, drafted=4)  # everything accepted
     high = est.alpha
-    for _ in range(50):
+    for _ in range(300):
         est.update(accepted=0, drafted=4)  # nothing accepted
     assert high > 0.95 and est.alpha < 0.05
     est.update(accepted=0, drafted=0)  # a round without a draft changes nothing
     with pytest.raises(ValueError):
         choose_gamma(0.5, 0.001, 0.01, 0.0, 1, max_gamma=0)
+
+
+def test_ewma_starts_at_the_first_sample_then_moves_a_tenth_of_the_way() -> None:
+    mean = ewma(float("nan"), 2.0)
+    assert mean == 2.0
+    assert ewma(mean, 12.0) == pytest.approx(3.0)

@@ -189,3 +189,32 @@ def test_batch_curves_parse_and_interpolate() -> None:
     for bad in ("8:0.006", "x:1", "1:-1"):
         with pytest.raises(ValueError):
             parse_batch_curve(bad)
+
+
+def test_answers_say_how_long_each_request_queued() -> None:
+    """Two sessions ask at once of a draft that takes 50 ms per request: the second waits for the first."""
+    import asyncio
+
+    from starsd.draft.core import DraftConfig, DraftCore
+    from starsd.draft.proposers import EmulatedProposer
+
+    async def scenario() -> list[pb.ProposeResponse]:
+        core = DraftCore(EmulatedProposer(0.05, vocab_size=100), DraftConfig(max_batch=1))
+        core.start()
+        try:
+            stream = core.open_stream(asyncio.get_running_loop())
+            for session in (1, 2):
+                core.submit(stream, pb.ProposeRequest(target_id="t", session_id=session, seq=1, tokens=[1], gamma=2))
+            answers = []
+            for _ in range(2):
+                answer = await asyncio.wait_for(stream.outgoing.get(), 5)
+                assert answer is not None
+                answers.append(answer)
+            return answers
+        finally:
+            core.stop()
+
+    first, second = asyncio.run(scenario())
+    assert first.queue_seconds < 0.02
+    assert 0.04 < second.queue_seconds < 0.5
+    assert second.service_seconds == pytest.approx(0.05, abs=0.02)

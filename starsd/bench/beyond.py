@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import random
 import statistics
 import time
@@ -24,7 +25,7 @@ from typing import Any
 
 import grpc
 
-from starsd.adaptive import AcceptanceEstimate, choose_gamma
+from starsd.adaptive import AcceptanceEstimate, choose_gamma, ewma
 from starsd.bench.draft_process import DraftProcess, process_cpu_seconds
 from starsd.bench.targets import (
     EmulatedTarget,
@@ -370,8 +371,8 @@ class GammaTarget:
 
     Acceptance follows an :class:`EmulatedText` with the profile's constant alpha. The adaptive choice sees
     only what a real target measures: its acceptance, the draft's ``service_seconds`` per proposed token
-    and ``draft_sessions``, its own verify time, and the transfer time (the smallest round trip less the
-    draft's time, halved, as ``starsd target`` measures it).
+    and ``draft_sessions``, its own verify time, and the transfer time (its mean round trip less the draft's
+    queueing and compute, halved, as ``starsd target`` measures it).
     """
 
     def __init__(
@@ -412,11 +413,11 @@ class GammaTarget:
         tokens = [self.rng.randrange(self.vocab_size) for _ in range(16)]
         est = AcceptanceEstimate()
         token_time, tp_seen, sessions = 0.0, self.tp, 1
-        transfer = float("inf")  # one way, loopback included: the smallest seen (queue-free)
+        transfer = float("nan")  # one way, loopback and protocol overhead included (mean, queueing excluded)
         position = 0  # in this target's text, across its sessions
         try:
             while not stop.is_set():
-                tc_seen = self.tc + (0.0 if transfer == float("inf") else transfer)
+                tc_seen = self.tc + (0.0 if math.isnan(transfer) else transfer)
                 gamma = self._gamma(est, token_time, tp_seen, tc_seen, sessions)
                 self.record.gammas.append(gamma)
                 if seq == 1:
@@ -431,7 +432,8 @@ class GammaTarget:
                 service = float(response.service_seconds)
                 accepted = self.text.accepted(position, len(proposed))
                 position += accepted + 1
-                transfer = min(transfer, max(0.0, (received - sent - service) / 2))
+                queued = float(response.queue_seconds)
+                transfer = ewma(transfer, max(0.0, (received - sent - service - queued) / 2))
                 before = time.perf_counter()
                 await asyncio.sleep(self.tp + 2 * self.tc)
                 committed_at = time.perf_counter()

@@ -246,6 +246,7 @@ class DraftCore:
             else:
                 response = _proposal_response(work.request, proposal, per_request)
                 response.draft_sessions = len(self.sessions)
+                response.queue_seconds = max(0.0, start - work.enqueued)
                 self.metrics.draft_tokens.inc(len(proposal.token_ids))
             self.metrics.requests.inc()
             self.metrics.service_seconds.observe(per_request)

@@ -35,7 +35,7 @@ class ProposeRequest(_message.Message):
     def __init__(self, target_id: _Optional[str] = ..., session_id: _Optional[int] = ..., seq: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., gamma: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., release: _Optional[bool] = ..., verify_seconds: _Optional[float] = ..., rtt_seconds: _Optional[float] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("target_id", "session_id", "seq", "token_ids", "q_ids", "q_probs", "top_k", "service_seconds", "error_code", "error_message", "draft_sessions")
+    __slots__ = ("target_id", "session_id", "seq", "token_ids", "q_ids", "q_probs", "top_k", "service_seconds", "error_code", "error_message", "draft_sessions", "queue_seconds")
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,7 @@ class ProposeResponse(_message.Message):
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     DRAFT_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     target_id: str
     session_id: int
     seq: int
@@ -58,7 +59,8 @@ class ProposeResponse(_message.Message):
     error_code: int
     error_message: str
     draft_sessions: int
-    def __init__(self, target_id: _Optional[str] = ..., session_id: _Optional[int] = ..., seq: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., q_ids: _Optional[_Iterable[int]] = ..., q_probs: _Optional[_Iterable[float]] = ..., top_k: _Optional[int] = ..., service_seconds: _Optional[float] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., draft_sessions: _Optional[int] = ...) -> None: ...
+    queue_seconds: float
+    def __init__(self, target_id: _Optional[str] = ..., session_id: _Optional[int] = ..., seq: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., q_ids: _Optional[_Iterable[int]] = ..., q_probs: _Optional[_Iterable[float]] = ..., top_k: _Optional[int] = ..., service_seconds: _Optional[float] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., draft_sessions: _Optional[int] = ..., queue_seconds: _Optional[float] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()

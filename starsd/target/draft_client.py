@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import os
 import time
 from collections.abc import AsyncIterator
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import grpc
 
-from starsd.adaptive import AcceptanceEstimate, choose_gamma
+from starsd.adaptive import AcceptanceEstimate, choose_gamma, ewma
 from starsd.proto import starsd_pb2 as pb
 from starsd.proto import starsd_pb2_grpc as pb_grpc
 from starsd.sampling import SamplingParams
@@ -190,7 +191,7 @@ class DraftLink:
         # What adaptive gamma needs: this session's acceptance and the draft's measured costs.
         self.acceptance = AcceptanceEstimate()
         self.token_time = 0.0  # draft seconds per proposed token
-        self.transfer_time = float("inf")  # one-way transfer (smallest seen: queue-free)
+        self.transfer_time = float("nan")  # one-way transfer and protocol overhead (mean, queueing excluded)
         self.draft_sessions = 1
 
     def _reset(self) -> None:
@@ -245,7 +246,9 @@ class DraftLink:
         self.synced = len(committed)
         if response.token_ids:
             self.token_time = response.service_seconds / len(response.token_ids)
-        self.transfer_time = min(self.transfer_time, max(0.0, (self.rtt - response.service_seconds) / 2))
+        self.transfer_time = ewma(
+            self.transfer_time, max(0.0, (self.rtt - response.service_seconds - response.queue_seconds) / 2)
+        )
         self.draft_sessions = max(1, response.draft_sessions)
         k = response.top_k
         q_ids = [list(response.q_ids[i * k : (i + 1) * k]) for i in range(len(response.token_ids))] if k else []
@@ -254,7 +257,7 @@ class DraftLink:
 
     def next_gamma(self, max_gamma: int, verify_seconds: float) -> int:
         """Adaptive gamma for the next round, from this session's measurements (see starsd.adaptive)."""
-        tc = 0.0 if self.transfer_time == float("inf") else self.transfer_time
+        tc = 0.0 if math.isnan(self.transfer_time) else self.transfer_time
         return choose_gamma(self.acceptance.alpha, self.token_time, verify_seconds, tc, self.draft_sessions, max_gamma)
 
     def release(self) -> None:
