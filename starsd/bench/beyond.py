@@ -185,8 +185,60 @@ class CapacityPoint:
     service_p50_ms: float  # the draft's reported time per request (its batch's time / batch size)
     mean_batch: float | None = None  # requests per drafting step in the window, from /metrics
     draft_busy: float | None = None  # fraction of the window the draft's compute thread was computing
-    draft_cpu: float | None = None  # CPU cores the draft process used (all threads)
-    speedup: float | None = None  # against the first (smallest) batch of the run
+    draft_cpu: float | None = None  # CPU cores the draft used (its server and model processes)
+    speedup: float | None = None  # against the first (smallest) batch in the same repeat
+    repeat: int = 0  # which pass over the batch sizes (they are interleaved: 1, 8, 1, 8, ...)
+
+
+@dataclass
+class CapacitySummary:
+    max_batch: int
+    requests_per_s: float  # median over the repeats
+    requests_per_s_min: float
+    requests_per_s_max: float
+    speedup: float | None  # median requests/s over the first batch size's median
+    speedups: list[float | None]  # per repeat, against the first batch size in that repeat
+
+
+async def _capacity_window(
+    address: str,
+    vocab: int,
+    probe: Callable[[], Awaitable[dict[str, float]]],
+    batch: int,
+    sessions: int,
+    gamma: int,
+    warmup: float,
+    duration: float,
+    session_tokens: int,
+) -> CapacityPoint:
+    spec = TargetSpec(
+        gamma=gamma,
+        betas=(0.7,) * gamma,
+        verify_seconds=0.0,
+        wire_seconds=0.0,
+        vocab_size=vocab,
+        session_tokens=session_tokens,
+    )
+    runs, t0, t1 = await _run_window(
+        address, lambda ch, i: EmulatedTarget(f"t{i}", ch, spec, seed=i), sessions, warmup, duration, probe
+    )
+    d = dict(last_probe)
+    wall = d.get("wall_seconds", 0.0)
+    rounds, tokens = window_counts(runs, t0, t1)
+    services = [r.service for run in runs for r in run.rounds if t0 <= r.committed < t1]
+    return CapacityPoint(
+        batch,
+        sessions,
+        gamma,
+        rounds,
+        t1 - t0,
+        rounds / (t1 - t0),
+        tokens / (t1 - t0),
+        statistics.median(services) * 1e3 if services else 0.0,
+        ratio(d.get("starsd_draft_batch_size_sum", 0.0), d.get("starsd_draft_batch_size_count", 0.0)),
+        ratio(d.get("starsd_draft_busy_seconds_total", 0.0), wall),
+        ratio(d["cpu_seconds"], wall) if "cpu_seconds" in d else None,
+    )
 
 
 async def measure_capacity(
@@ -197,55 +249,59 @@ async def measure_capacity(
     warmup: float,
     duration: float,
     session_tokens: int = 512,
+    repeats: int = 3,
+    progress: Callable[[str], None] | None = None,
 ) -> list[CapacityPoint]:
+    """One draft per batch size, all started first; then ``repeats`` interleaved passes over them.
+
+    Interleaving (1, 8, 1, 8, ...) puts every batch size under the same slow drifts of a shared machine, and
+    each pass gives its own speedup; the summary takes medians.
+    """
+    procs = {
+        b: DraftProcess(["--model", draft_model, "--max-batch", str(b), "--max-sessions", str(4 * sessions + 64)])
+        for b in dict.fromkeys(batches)
+    }
     points: list[CapacityPoint] = []
-    for b in batches:
-        extra = ["--model", draft_model, "--max-batch", str(b), "--max-sessions", str(4 * sessions + 64)]
-
-        async def body(
-            address: str, vocab: int, probe: Callable[[], Awaitable[dict[str, float]]], b: int = b
-        ) -> CapacityPoint:
-            spec = TargetSpec(
-                gamma=gamma,
-                betas=(0.7,) * gamma,
-                verify_seconds=0.0,
-                wire_seconds=0.0,
-                vocab_size=vocab,
-                session_tokens=session_tokens,
-            )
-            runs, t0, t1 = await _run_window(
-                address, lambda ch, i: EmulatedTarget(f"t{i}", ch, spec, seed=i), sessions, warmup, duration, probe
-            )
-            d = dict(last_probe)
-            wall = d.get("wall_seconds", 0.0)
-            rounds, tokens = window_counts(runs, t0, t1)
-            services = [r.service for run in runs for r in run.rounds if t0 <= r.committed < t1]
-            return CapacityPoint(
-                b,
-                sessions,
-                gamma,
-                rounds,
-                t1 - t0,
-                rounds / (t1 - t0),
-                tokens / (t1 - t0),
-                statistics.median(services) * 1e3 if services else 0.0,
-                ratio(d.get("starsd_draft_batch_size_sum", 0.0), d.get("starsd_draft_batch_size_count", 0.0)),
-                ratio(d.get("starsd_draft_busy_seconds_total", 0.0), wall),
-                ratio(d["cpu_seconds"], wall) if "cpu_seconds" in d else None,
-            )
-
-        proc = DraftProcess(extra)
-        endpoint = await proc.start()
-        try:
-            vocab = await fetch_vocab_size(endpoint.address)
-            url = f"http://127.0.0.1:{proc.metrics_port}/metrics"
-            point = await body(endpoint.address, vocab, draft_probe(url, endpoint.pid))
-        finally:
+    try:
+        endpoints = {b: await proc.start() for b, proc in procs.items()}
+        vocab = await fetch_vocab_size(endpoints[batches[0]].address)
+        for repeat in range(repeats):
+            first: CapacityPoint | None = None
+            for b, proc in procs.items():
+                url = f"http://127.0.0.1:{proc.metrics_port}/metrics"
+                probe = draft_probe(url, endpoints[b].pid)
+                point = await _capacity_window(
+                    endpoints[b].address, vocab, probe, b, sessions, gamma, warmup, duration, session_tokens
+                )
+                point.repeat = repeat
+                first = first or point
+                point.speedup = ratio(point.requests_per_s, first.requests_per_s)
+                points.append(point)
+                if progress:
+                    progress(f"  pass {repeat + 1}/{repeats} max-batch {b}: {point.requests_per_s:.1f} requests/s")
+    finally:
+        for proc in procs.values():
             proc.stop()
-        points.append(point)
-    for p in points:
-        p.speedup = ratio(p.requests_per_s, points[0].requests_per_s)
     return points
+
+
+def summarise_capacity(points: Sequence[CapacityPoint]) -> list[CapacitySummary]:
+    batches = list(dict.fromkeys(p.max_batch for p in points))
+    medians = {b: statistics.median(p.requests_per_s for p in points if p.max_batch == b) for b in batches}
+    out = []
+    for b in batches:
+        mine = [p for p in points if p.max_batch == b]
+        out.append(
+            CapacitySummary(
+                b,
+                medians[b],
+                min(p.requests_per_s for p in mine),
+                max(p.requests_per_s for p in mine),
+                ratio(medians[b], medians[batches[0]]),
+                [p.speedup for p in mine],
+            )
+        )
+    return out
 
 
 def format_capacity(points: Sequence[CapacityPoint]) -> str:
@@ -253,19 +309,25 @@ def format_capacity(points: Sequence[CapacityPoint]) -> str:
         return format(v, spec) if v is not None else "-"
 
     lines = [
-        f"{'max-batch':>9}{'sessions':>9}{'gamma':>6}{'requests/s':>12}{'tokens/s':>10}{'ms/req':>8}"
+        f"{'pass':>4}{'max-batch':>10}{'sessions':>9}{'gamma':>6}{'requests/s':>12}{'tokens/s':>10}{'ms/req':>8}"
         f"{'batch':>7}{'busy':>6}{'cpu':>6}{'x first':>9}"
     ]
     for p in points:
         lines.append(
-            f"{p.max_batch:>9}{p.sessions:>9}{p.gamma:>6}{p.requests_per_s:>12.1f}{p.tokens_per_s:>10.1f}"
-            f"{p.service_p50_ms:>8.2f}{opt(p.mean_batch, '.2f'):>7}{opt(p.draft_busy, '.2f'):>6}"
-            f"{opt(p.draft_cpu, '.2f'):>6}{opt(p.speedup, '.2f'):>9}"
+            f"{p.repeat + 1:>4}{p.max_batch:>10}{p.sessions:>9}{p.gamma:>6}{p.requests_per_s:>12.1f}"
+            f"{p.tokens_per_s:>10.1f}{p.service_p50_ms:>8.2f}{opt(p.mean_batch, '.2f'):>7}"
+            f"{opt(p.draft_busy, '.2f'):>6}{opt(p.draft_cpu, '.2f'):>6}{opt(p.speedup, '.2f'):>9}"
         )
     lines.append(
         "(ms/req: the draft's median compute per request; batch: mean requests per step; busy: compute-thread "
-        "busy fraction; cpu: cores the draft process used)"
+        "busy fraction; cpu: cores the draft used, server and model process; x first: against the first batch "
+        "size in the same pass)"
     )
+    for s in summarise_capacity(points):
+        lines.append(
+            f"max-batch {s.max_batch}: median {s.requests_per_s:.1f} requests/s "
+            f"(range {s.requests_per_s_min:.1f}-{s.requests_per_s_max:.1f}), x{opt(s.speedup, '.2f')} the first"
+        )
     return "\n".join(lines)
 
 

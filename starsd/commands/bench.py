@@ -269,8 +269,10 @@ def configure_beyond(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     cap.add_argument(
         "--session-tokens", type=int, default=512, help="tokens per session before it is released (its context)"
     )
-    cap.add_argument("--duration", type=float, default=15.0, help="measured seconds per batch size")
-    cap.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
+    cap.add_argument("--duration", type=float, default=8.0, help="measured seconds per batch size and pass")
+    cap.add_argument("--warmup", type=float, default=2.0, help="seconds before measuring, per window")
+    cap.add_argument("--repeats", type=int, default=3, help="interleaved passes over the batch sizes (medians)")
+    cap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     cap.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     cap.set_defaults(_bench=run_capacity_command)
 
@@ -335,19 +337,31 @@ def _draft_model(path: Path, name: str) -> Path | None:
     return None
 
 
+def _stderr_line(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
 def run_capacity_command(args: argparse.Namespace) -> int:
-    from starsd.bench.beyond import format_capacity, measure_capacity, to_jsonable
+    from starsd.bench.beyond import format_capacity, measure_capacity, summarise_capacity, to_jsonable
 
     draft = _draft_model(args.draft_model, "capacity")
     if draft is None:
         return 2
-    if args.sessions < 1 or args.duration <= 0 or args.warmup < 0 or args.gamma < 1 or args.session_tokens < 1:
-        return _error("--sessions, --gamma, --session-tokens >= 1, --duration > 0, --warmup >= 0")
+    if min(args.sessions, args.gamma, args.session_tokens, args.repeats) < 1 or args.duration <= 0 or args.warmup < 0:
+        return _error("--sessions, --gamma, --session-tokens, --repeats >= 1, --duration > 0, --warmup >= 0")
     machine = _machine()
     try:
         points = asyncio.run(
             measure_capacity(
-                str(draft), args.batches, args.sessions, args.gamma, args.warmup, args.duration, args.session_tokens
+                str(draft),
+                args.batches,
+                args.sessions,
+                args.gamma,
+                args.warmup,
+                args.duration,
+                args.session_tokens,
+                args.repeats,
+                None if args.quiet else _stderr_line,
             )
         )
     except RuntimeError as exc:
@@ -359,7 +373,9 @@ def run_capacity_command(args: argparse.Namespace) -> int:
             "benchmark": "capacity",
             "draft_model": str(draft),
             "session_tokens": args.session_tokens,
+            "repeats": args.repeats,
             "machine": machine,
+            "summary": to_jsonable(summarise_capacity(points)),
             "points": to_jsonable(points),
         },
     )

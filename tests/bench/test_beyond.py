@@ -115,3 +115,23 @@ def test_emulated_text_accepts_with_alpha_per_position_and_is_the_same_for_every
     short, long = EmulatedText(alpha, seed=9), EmulatedText(alpha, seed=9)
     for position in range(0, 500, 3):
         assert short.accepted(position, 2) == min(long.accepted(position, 8), 2)
+
+
+def test_summarise_capacity_takes_medians_over_the_interleaved_passes() -> None:
+    from starsd.bench.beyond import CapacityPoint, summarise_capacity
+
+    def point(batch: int, rps: float, repeat: int, speedup: float) -> CapacityPoint:
+        return CapacityPoint(batch, 32, 4, 0, 8.0, rps, 0.0, 0.0, speedup=speedup, repeat=repeat)
+
+    points = [
+        point(1, 100.0, 0, 1.0),
+        point(8, 500.0, 0, 5.0),
+        point(1, 200.0, 1, 1.0),
+        point(8, 300.0, 1, 1.5),
+        point(1, 150.0, 2, 1.0),
+        point(8, 450.0, 2, 3.0),
+    ]
+    first, batched = summarise_capacity(points)
+    assert (first.max_batch, first.requests_per_s, first.speedup) == (1, 150.0, 1.0)
+    assert (batched.requests_per_s, batched.requests_per_s_min, batched.requests_per_s_max) == (450.0, 300.0, 500.0)
+    assert batched.speedup == 3.0 and batched.speedups == [5.0, 1.5, 3.0]
