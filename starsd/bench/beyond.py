@@ -406,24 +406,27 @@ class GammaRecord:
     gammas: list[int] = field(default_factory=list)
 
 
-class EmulatedText:
-    """Which drafted tokens a target accepts, fixed by position in its text (common random numbers).
+class RoundDraws:
+    """Which drafted tokens a target accepts, drawn per round index (common random numbers).
 
-    Position ``k`` of the text is one the draft gets right with probability ``alpha``, drawn once: a round
-    starting at ``k`` accepts the run of right positions from ``k`` (up to gamma). Every policy compared
-    meets the same text, so their difference in throughput is the policy's, not the luck of the draws.
+    Round ``r`` of a target has its own ``width`` uniforms, the same under every policy: position ``j`` of
+    that round is accepted while ``u[r][j] < alpha``. A longer gamma accepts the same run as a shorter one,
+    plus what its extra positions add, so policies differ by their choices and not by the luck of the draws.
     """
 
-    def __init__(self, alpha: float, seed: int) -> None:
-        self.alpha = alpha
+    def __init__(self, alpha: float, seed: int, width: int) -> None:
+        self.alpha, self.width = alpha, width
         self._rng = random.Random(seed)
-        self._right: list[bool] = []
+        self._rounds: list[list[float]] = []
 
-    def accepted(self, position: int, gamma: int) -> int:
-        while len(self._right) < position + gamma:
-            self._right.append(self._rng.random() < self.alpha)
+    def accepted(self, round_index: int, gamma: int) -> int:
+        if gamma > self.width:
+            raise ValueError(f"gamma {gamma} exceeds the {self.width} draws per round")
+        while len(self._rounds) <= round_index:
+            self._rounds.append([self._rng.random() for _ in range(self.width)])
+        draws = self._rounds[round_index]
         run = 0
-        while run < gamma and self._right[position + run]:
+        while run < gamma and draws[run] < self.alpha:
             run += 1
         return run
 
@@ -431,7 +434,7 @@ class EmulatedText:
 class GammaTarget:
     """An emulated target whose gamma is fixed or chosen per round with ``choose_gamma``.
 
-    Acceptance follows an :class:`EmulatedText` with the profile's constant alpha. The adaptive choice sees
+    Acceptance follows :class:`RoundDraws` with the profile's constant alpha. The adaptive choice sees
     only what a real target measures: its acceptance, the draft's ``service_seconds`` per proposed token
     and ``draft_sessions``, its own verify time, and the transfer time (its mean round trip less the draft's
     queueing and compute, halved, as ``starsd target`` measures it).
@@ -456,7 +459,7 @@ class GammaTarget:
         self.policy, self.alpha, self.tp, self.tc = policy, alpha, tp, tc
         self.vocab_size, self.max_gamma, self.session_tokens = vocab_size, max_gamma, session_tokens
         self.rng = random.Random(seed)
-        self.text = EmulatedText(alpha, seed)
+        self.draws = RoundDraws(alpha, seed, max(max_gamma, first_gamma))
         self.record = GammaRecord(TargetRun(target_id))
 
     def _gamma(self, est: AcceptanceEstimate, token_time: float, tp: float, tc: float, sessions: int) -> int:
@@ -476,7 +479,6 @@ class GammaTarget:
         est = AcceptanceEstimate()
         token_time, tp_seen, sessions = 0.0, self.tp, 1
         transfer = float("nan")  # one way, loopback and protocol overhead included (mean, queueing excluded)
-        position = 0  # in this target's text, across its sessions
         try:
             while not stop.is_set():
                 tc_seen = self.tc + (0.0 if math.isnan(transfer) else transfer)
@@ -492,8 +494,7 @@ class GammaTarget:
                 received = time.perf_counter()
                 proposed = list(response.token_ids)
                 service = float(response.service_seconds)
-                accepted = self.text.accepted(position, len(proposed))
-                position += accepted + 1
+                accepted = self.draws.accepted(len(record.rounds), len(proposed))
                 queued = float(response.queue_seconds)
                 transfer = ewma(transfer, max(0.0, (received - sent - service - queued) / 2))
                 before = time.perf_counter()

@@ -99,22 +99,23 @@ def test_fairness_end_to_end_writes_json(tmp_path: Path, capsys: pytest.CaptureF
     assert "Jain" in capsys.readouterr().out
 
 
-def test_emulated_text_accepts_with_alpha_per_position_and_is_the_same_for_every_gamma() -> None:
-    from starsd.bench.beyond import EmulatedText
+def test_round_draws_accept_with_alpha_and_couple_every_gamma() -> None:
+    from starsd.bench.beyond import RoundDraws
 
     alpha, rounds = 0.7, 20_000
-    text = EmulatedText(alpha, seed=4)
-    position, accepted, drafted = 0, 0, 0
-    for _ in range(rounds):
-        run = text.accepted(position, 4)
+    draws = RoundDraws(alpha, seed=4, width=8)
+    accepted = judged = 0
+    for r in range(rounds):
+        run = draws.accepted(r, 4)
         accepted += run
-        drafted += run + (1 if run < 4 else 0)  # positions judged: the run and the first wrong one
-        position += run + 1
-    assert abs(accepted / drafted - alpha) < 0.01  # positions are right with probability alpha
-    # Another gamma on the same seed meets the same text: a run is the other's, cut at its own gamma.
-    short, long = EmulatedText(alpha, seed=9), EmulatedText(alpha, seed=9)
-    for position in range(0, 500, 3):
-        assert short.accepted(position, 2) == min(long.accepted(position, 8), 2)
+        judged += run + (1 if run < 4 else 0)  # the run and the first wrong position
+    assert abs(accepted / judged - alpha) < 0.01  # each position is right with probability alpha
+    # Another gamma on the same seed meets the same draws: its run is the other's, cut at its own gamma.
+    short, long = RoundDraws(alpha, seed=9, width=8), RoundDraws(alpha, seed=9, width=8)
+    for r in range(500):
+        assert short.accepted(r, 2) == min(long.accepted(r, 8), 2)
+    with pytest.raises(ValueError):
+        short.accepted(0, 9)
 
 
 def test_summarise_capacity_takes_medians_over_the_interleaved_passes() -> None:
