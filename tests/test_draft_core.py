@@ -218,3 +218,48 @@ def test_answers_say_how_long_each_request_queued() -> None:
     assert first.queue_seconds < 0.02
     assert 0.04 < second.queue_seconds < 0.5
     assert second.service_seconds == pytest.approx(0.05, abs=0.02)
+
+
+def test_discard_removes_a_gone_targets_items_under_both_policies() -> None:
+    for policy in ("fifo", "fair"):
+        buf: RequestBuffer[tuple[str, int]] = RequestBuffer(policy)
+        for i in range(6):
+            target = "a" if i % 2 else "b"
+            buf.put(target, (target, i))
+        assert buf.discard(lambda item: item[0] == "a") == 3
+        assert len(buf) == 3
+        assert buf.take(10) == [("b", 0), ("b", 2), ("b", 4)]
+
+
+def test_a_disconnected_targets_queued_requests_are_not_computed() -> None:
+    """A target with many queued requests goes away: the draft drops them instead of drafting for nobody."""
+    import asyncio
+
+    from starsd.draft.core import DraftConfig, DraftCore
+    from starsd.draft.proposers import EmulatedProposer
+
+    class Counting(EmulatedProposer):
+        calls = 0
+
+        def propose_batch(self, batch):  # type: ignore[no-untyped-def]
+            Counting.calls += 1
+            return super().propose_batch(batch)
+
+    async def scenario() -> tuple[DraftCore, int]:
+        core = DraftCore(Counting(0.05, vocab_size=100), DraftConfig(max_batch=1))
+        core.start()
+        try:
+            stream = core.open_stream(asyncio.get_running_loop())
+            for session in range(1, 9):
+                core.submit(stream, pb.ProposeRequest(target_id="t", session_id=session, seq=1, tokens=[1], gamma=2))
+            await asyncio.sleep(0.02)  # the first request is being drafted
+            core.close_stream(stream)
+            await asyncio.sleep(0.2)
+            return core, len(core.buffer)
+        finally:
+            core.stop()
+
+    core, waiting = asyncio.run(scenario())
+    assert waiting == 0
+    assert Counting.calls <= 2  # the one in flight (and at most one taken before the close)
+    assert core.metrics.dropped._value.get() >= 6

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -43,6 +44,21 @@ class RequestBuffer(Generic[T]):
                 self._queues.setdefault(target_id, deque()).append(item)
             self._size += 1
             self._cond.notify()
+
+    def discard(self, drop: Callable[[T], bool]) -> int:
+        """Remove every waiting item for which ``drop`` is true (their target is gone); returns how many."""
+        with self._cond:
+            before = self._size
+            self._fifo = deque(item for item in self._fifo if not drop(item))
+            for target in list(self._queues):
+                kept = deque(item for item in self._queues[target] if not drop(item))
+                if kept:
+                    self._queues[target] = kept
+                else:
+                    del self._queues[target]
+                    self._credit.pop(target, None)
+            self._size = len(self._fifo) + sum(len(q) for q in self._queues.values())
+            return before - self._size
 
     def close(self) -> None:
         with self._cond:

@@ -146,6 +146,11 @@ class DraftCore:
 
     def close_stream(self, stream: Stream) -> None:
         self.streams.discard(stream)
+        dropped = self.buffer.discard(lambda work: work.stream is stream)  # nobody is left to answer
+        if dropped:
+            self.metrics.dropped.inc(dropped)
+            self.metrics.queue_depth.set(len(self.buffer))
+            log.info("target %r disconnected: dropped its %d queued requests", stream.target_id or "?", dropped)
         freed = self.sessions.release_owner(stream)
         self.metrics.targets.set(len(self.streams))
         self.metrics.sessions.set(len(self.sessions))

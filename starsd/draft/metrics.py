@@ -12,6 +12,9 @@ class DraftMetrics:
         self.busy_seconds = Counter("starsd_draft_busy_seconds", "Seconds the draft spent computing", registry=r)
         self.requests = Counter("starsd_draft_requests", "Proposal requests answered", registry=r)
         self.draft_tokens = Counter("starsd_spec_decode_num_draft_tokens", "Tokens proposed by the draft", registry=r)
+        self.dropped = Counter(
+            "starsd_draft_requests_dropped", "Queued requests dropped because their target disconnected", registry=r
+        )
         self.errors = Counter("starsd_draft_errors", "Requests answered with an error", ["code"], registry=r)
         self.sessions = Gauge("starsd_draft_sessions", "Open draft sessions", registry=r)
         self.targets = Gauge("starsd_draft_connected_targets", "Connected target streams", registry=r)
