@@ -22,14 +22,13 @@ from typing import Any
 
 import torch
 
+from starsd.drafting import DraftRequest as DraftRequest  # torch-free types, re-exported for the runners' users
+from starsd.drafting import ModelLoadError as ModelLoadError
+from starsd.drafting import Proposal as Proposal
 from starsd.sampling import SamplingParams, logits_to_probs, sample, truncate_top_k
 from starsd.vocab import vocab_fingerprint
 
 log = logging.getLogger(__name__)
-
-
-class ModelLoadError(RuntimeError):
-    """A checkpoint could not be loaded; the message says what to fix."""
 
 
 @dataclass
@@ -134,27 +133,6 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
-
-
-@dataclass
-class Proposal:
-    """What the draft proposes for one request."""
-
-    token_ids: list[int]
-    # Sampled proposals only: for each position, the top-k support and its exact probabilities.
-    q_ids: list[list[int]] = field(default_factory=list)
-    q_probs: list[list[float]] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class DraftRequest:
-    """One session's share of a batched drafting step."""
-
-    state: DraftSessionState
-    new_tokens: list[int]
-    gamma: int
-    params: SamplingParams
-    top_k: int
 
 
 @dataclass

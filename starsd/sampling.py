@@ -19,18 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How one completion is decoded."""
-
-    temperature: float = 0.0  # 0 means greedy (argmax)
-    top_p: float = 1.0  # nucleus mass kept, in (0, 1]
-    seed: int | None = None  # fixes the random stream of this completion
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0
+from starsd.drafting import SamplingParams as SamplingParams  # defined torch-free, used here
 
 
 @dataclass(frozen=True)

@@ -78,3 +78,35 @@ def test_a_killed_model_process_is_reported(random_pair: tuple[Path, Path]) -> N
             proposer.check()
     finally:
         proposer.close()
+
+
+def test_the_draft_server_process_leaves_torch_to_its_model_process(random_pair: tuple[Path, Path]) -> None:
+    """The server speaks gRPC and schedules; only the model process loads torch (memory, start-up time)."""
+    import subprocess
+    import sys
+    import time
+
+    from starsd import procfs
+    from starsd.local import free_port
+
+    def loads_torch(pid: int) -> bool:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+    command = [sys.executable, "-m", "starsd.cli", "draft", "--model", str(random_pair[0])]
+    command += ["--host", "127.0.0.1", "--port", str(free_port()), "--metrics-port", str(free_port())]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        models: list[int] = []
+        while time.monotonic() < deadline and not models:
+            models = [
+                p
+                for p in procfs.descendants(server.pid)
+                if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes() and loads_torch(p)
+            ]
+            time.sleep(0.5)
+        assert models, "no model process with torch loaded appeared below the draft"
+        assert not loads_torch(server.pid)
+    finally:
+        server.terminate()
+        server.wait(30)

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from starsd.draft.core import DraftConfig
     from starsd.draft.proposers import EmulatedProposer, ModelProposer, Proposer, parse_batch_curve
     from starsd.draft.server import DraftServer, DraftServerOptions, serve_forever
-    from starsd.runners import ModelLoadError, load_checkpoint, set_threads
+    from starsd.drafting import ModelLoadError
 
     if (args.model is None) == (args.emulate_service_time is None):
         return fail("give exactly one of --model PATH or --emulate-service-time SECONDS")
@@ -77,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
 
             proposer = ProcessProposer(args.model, args.threads)
         elif args.model is not None:
+            from starsd.runners import load_checkpoint, set_threads
+
             set_threads(args.threads)
             proposer = ModelProposer(load_checkpoint(args.model))
         else:

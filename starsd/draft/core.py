@@ -21,9 +21,8 @@ from starsd.draft.load import LoadTracker
 from starsd.draft.metrics import DraftMetrics
 from starsd.draft.proposers import ProposalRequest, Proposer, ProposerFailed
 from starsd.draft.sessions import Session, SessionError, SessionStore
+from starsd.drafting import Proposal, SamplingParams
 from starsd.proto import starsd_pb2 as pb
-from starsd.runners import Proposal
-from starsd.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from starsd.draft.proposers import ProposalRequest, ProposerFailed, ProposerInfo
-from starsd.runners import ModelLoadError, Proposal
+from starsd.drafting import ModelLoadError, Proposal
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from starsd.runners import DraftRequest, DraftRunner, LoadedModel, Proposal
+from starsd.drafting import DraftRequest, Proposal
+
+if TYPE_CHECKING:
+    from starsd.runners import LoadedModel
 
 # One request's work, as the compute thread sees it (state: the proposer's per-session state).
 ProposalRequest = DraftRequest
@@ -42,6 +45,8 @@ class ModelProposer:
     """Proposals from a real draft checkpoint (one forward pass per token, per session)."""
 
     def __init__(self, loaded: LoadedModel) -> None:
+        from starsd.runners import DraftRunner  # torch: only where the model runs in this process
+
         self.runner = DraftRunner(loaded)
         self.info = ProposerInfo(loaded.name, loaded.vocab_size, loaded.fingerprint, loaded.max_context)
 

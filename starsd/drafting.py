@@ -1,0 +1,48 @@
+"""What a draft is asked and what it answers, free of torch: the draft's server process imports only this.
+
+The model itself (``starsd.runners``) runs in the draft's model process; the server that speaks gRPC, keeps
+sessions and schedules requests needs these few types and nothing heavier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ModelLoadError(RuntimeError):
+    """A checkpoint could not be loaded; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one completion is decoded."""
+
+    temperature: float = 0.0  # 0 means greedy (argmax)
+    top_p: float = 1.0  # nucleus mass kept, in (0, 1]
+    seed: int | None = None  # fixes the random stream of this completion
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class Proposal:
+    """What the draft proposes for one request."""
+
+    token_ids: list[int]
+    # Sampled proposals only: for each position, the top-k support and its exact probabilities.
+    q_ids: list[list[int]] = field(default_factory=list)
+    q_probs: list[list[float]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """One session's share of a (batched) drafting step."""
+
+    state: Any  # the proposer's per-session state (a KV cache and RNG, or a handle to them)
+    new_tokens: list[int]
+    gamma: int
+    params: SamplingParams
+    top_k: int
