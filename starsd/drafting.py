@@ -7,11 +7,25 @@ sessions and schedules requests needs these few types and nothing heavier.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
 class ModelLoadError(RuntimeError):
     """A checkpoint could not be loaded; the message says what to fix."""
+
+
+def checkpoint_dir(path: str | Path) -> Path:
+    """The checkpoint directory, or a clear :class:`ModelLoadError` if it is not one (checked without torch)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise ModelLoadError(f"model path {str(root)!r} does not exist or is not a directory")
+    if not (root / "config.json").is_file():
+        raise ModelLoadError(
+            f"model path {str(root)!r} is not a Hugging Face checkpoint: it has no config.json "
+            f"(contents: {sorted(p.name for p in root.iterdir())[:10]})"
+        )
+    return root
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import torch
 from starsd.drafting import DraftRequest as DraftRequest  # torch-free types, re-exported for the runners' users
 from starsd.drafting import ModelLoadError as ModelLoadError
 from starsd.drafting import Proposal as Proposal
+from starsd.drafting import checkpoint_dir
 from starsd.sampling import SamplingParams, logits_to_probs, sample, truncate_top_k
 from starsd.vocab import vocab_fingerprint
 
@@ -53,14 +54,7 @@ def set_threads(threads: int | None) -> None:
 
 def load_checkpoint(path: str | Path) -> LoadedModel:
     """Load a causal LM checkpoint from a local directory, offline (nothing is fetched from a hub)."""
-    root = Path(path)
-    if not root.is_dir():
-        raise ModelLoadError(f"model path {str(root)!r} does not exist or is not a directory")
-    if not (root / "config.json").is_file():
-        raise ModelLoadError(
-            f"model path {str(root)!r} is not a Hugging Face checkpoint: it has no config.json "
-            f"(contents: {sorted(p.name for p in root.iterdir())[:10]})"
-        )
+    root = checkpoint_dir(path)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer

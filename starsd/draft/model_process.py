@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from starsd.draft.proposers import ProposalRequest, ProposerFailed, ProposerInfo
-from starsd.drafting import ModelLoadError, Proposal
+from starsd.drafting import ModelLoadError, Proposal, checkpoint_dir
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ class ProcessProposer:
     """A :class:`~starsd.draft.proposers.Proposer` whose model runs in a child process."""
 
     def __init__(self, model: str | Path, threads: int | None = None, start_timeout: float = 600.0) -> None:
+        checkpoint_dir(model)  # a wrong path is reported at once, before a process is started for it
         ctx = multiprocessing.get_context("spawn")  # no fork: the parent's threads and locks stay behind
         self._conn, child = ctx.Pipe()
         self._process = ctx.Process(
