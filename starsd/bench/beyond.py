@@ -31,6 +31,7 @@ from starsd.bench.targets import (
     EmulatedTarget,
     TargetRun,
     TargetSpec,
+    end_stream,
     exchange,
     fetch_vocab_size,
     open_channel,
@@ -515,14 +516,7 @@ class GammaTarget:
                         pb.ProposeRequest(target_id=record.target_id, session_id=session, seq=seq, release=True)
                     )
                     session, seq, committed = next(_session_ids), 1, 0
-            if seq > 1:
-                await call.write(
-                    pb.ProposeRequest(target_id=record.target_id, session_id=session, seq=seq, release=True)
-                )
-            await call.done_writing()
-            async with asyncio.timeout(30.0):
-                while await call.read() is not grpc.aio.EOF:
-                    pass
+            await end_stream(call, record.target_id, session, seq, 30.0)
         except (grpc.aio.AioRpcError, RuntimeError, TimeoutError) as exc:
             record.error = f"{type(exc).__name__}: {exc}"
             call.cancel()

@@ -44,6 +44,16 @@ async def exchange(call: Any, request: pb.ProposeRequest, timeout: float) -> pb.
     return response
 
 
+async def end_stream(call: Any, target_id: str, session: int, seq: int, timeout: float) -> None:
+    """Free the open session (if it was opened: ``seq > 1``), close the writing side, drain the answers."""
+    if seq > 1:
+        await call.write(pb.ProposeRequest(target_id=target_id, session_id=session, seq=seq, release=True))
+    await call.done_writing()
+    async with asyncio.timeout(timeout):
+        while await call.read() is not grpc.aio.EOF:
+            pass
+
+
 @dataclass(frozen=True)
 class TargetSpec:
     """What every emulated target of a run does."""
@@ -166,12 +176,7 @@ class EmulatedTarget:
                     )
                     session, seq, committed = next(_session_ids), 1, 0
                     tokens = self._prompt()
-            if seq > 1:  # the session was opened: free it on the draft
-                await call.write(pb.ProposeRequest(target_id=self.target_id, session_id=session, seq=seq, release=True))
-            await call.done_writing()
-            async with asyncio.timeout(spec.timeout):
-                while await call.read() is not grpc.aio.EOF:
-                    pass
+            await end_stream(call, self.target_id, session, seq, spec.timeout)
         except (grpc.aio.AioRpcError, RuntimeError, TimeoutError) as exc:
             record.error = f"{type(exc).__name__}: {exc}"
             call.cancel()

@@ -425,15 +425,16 @@ def run_gamma_command(args: argparse.Namespace) -> int:
     if args.duration <= 0 or args.warmup < 0:
         return _error("--duration must be > 0 and --warmup >= 0")
     machine = _machine()
-
-    def progress(line: str) -> None:
-        if not args.quiet:
-            print(line, file=sys.stderr)
-
     try:
         points = asyncio.run(
             measure_gamma(
-                names, args.gammas, args.n_multipliers, args.warmup, args.duration, max(args.gammas), progress
+                names,
+                args.gammas,
+                args.n_multipliers,
+                args.warmup,
+                args.duration,
+                max(args.gammas),
+                None if args.quiet else _stderr_line,
             )
         )
     except RuntimeError as exc:
