@@ -28,17 +28,22 @@ def checkpoint_dir(path: str | Path) -> Path:
     return root
 
 
+# Temperatures below this decode greedily (argmax), as vLLM does: dividing logits by a tinier temperature
+# overflows to inf/NaN, and the distribution is one-hot at the argmax to machine precision long before that.
+GREEDY_BELOW = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one completion is decoded."""
+    """How one completion is decoded. Greedy or sampled is decided here, once, and sent to the draft as such."""
 
-    temperature: float = 0.0  # 0 means greedy (argmax)
+    temperature: float = 0.0  # below GREEDY_BELOW means greedy (argmax)
     top_p: float = 1.0  # nucleus mass kept, in (0, 1]
-    seed: int | None = None  # fixes the random stream of this completion
+    seed: int | None = None  # fixes the random stream of this completion (0 is a seed)
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        return self.temperature < GREEDY_BELOW
 
 
 @dataclass

@@ -26,7 +26,8 @@ from starsd.drafting import DraftRequest as DraftRequest  # torch-free types, re
 from starsd.drafting import ModelLoadError as ModelLoadError
 from starsd.drafting import Proposal as Proposal
 from starsd.drafting import checkpoint_dir
-from starsd.sampling import SamplingParams, logits_to_probs, sample, truncate_top_k
+from starsd.sampling import SamplingParams, draft_generator, draw_proposal, logits_to_probs
+from starsd.seeding import request_seed
 from starsd.vocab import vocab_fingerprint
 
 log = logging.getLogger(__name__)
@@ -151,10 +152,8 @@ class DraftRunner:
         return self.loaded.vocab_size
 
     def new_state(self, seed: int | None) -> DraftSessionState:
-        gen = None
-        if seed is not None:
-            gen = torch.Generator().manual_seed(int(seed))
-        return DraftSessionState(cache=_new_cache(), generator=gen)
+        """A session's state; ``seed`` is the request's seed (the draft's own stream is derived from it)."""
+        return DraftSessionState(cache=_new_cache(), generator=draft_generator(request_seed(seed)))
 
     def _sync(self, state: DraftSessionState, new_tokens: list[int], gamma: int) -> tuple[list[int], int]:
         """Append the newly committed tokens, crop rejected proposals from the cache; return (feed, gamma)."""
@@ -174,11 +173,8 @@ class DraftRunner:
         self, logits: torch.Tensor, params: SamplingParams, top_k: int, state: DraftSessionState, out: Proposal
     ) -> int:
         """Pick the next proposed token from ``logits [V]`` and record it (and its distribution) in ``out``."""
-        if params.greedy:
-            d = int(logits.argmax())
-        else:
-            ids, q = truncate_top_k(logits_to_probs(logits, params), top_k)
-            d = int(ids[sample(q, state.generator)])
+        d, ids, q = draw_proposal(logits, params, top_k, state.generator)
+        if ids is not None and q is not None:
             out.q_ids.append(ids.tolist())
             out.q_probs.append(q.tolist())
         out.token_ids.append(d)

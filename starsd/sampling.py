@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from starsd.drafting import SamplingParams as SamplingParams  # defined torch-free, used here
+from starsd.seeding import draft_seed
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,9 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         probs = torch.zeros_like(logits)
         probs.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
         return probs
-    probs = torch.softmax(logits / params.temperature, dim=-1)
+    # Shift before scaling: the largest logit becomes 0, so no temperature >= GREEDY_BELOW can overflow.
+    shifted = logits - logits.max(dim=-1, keepdim=True).values
+    probs = torch.softmax(shifted / params.temperature, dim=-1)
     if params.top_p < 1.0:
         probs = _top_p_filter(probs, params.top_p)
     return probs
@@ -72,16 +75,44 @@ def dense_from_sparse(ids: torch.Tensor, q: torch.Tensor, vocab_size: int) -> to
 
     Padding entries (id < 0) carry probability 0 and are dropped.
     """
-    dense = torch.zeros(ids.shape[0], vocab_size, dtype=torch.float32)
     valid = ids >= 0
-    rows = torch.arange(ids.shape[0]).unsqueeze(-1).expand_as(ids)
-    dense[rows[valid], ids[valid]] = q[valid].float()
-    return dense
+    dense = torch.zeros(ids.shape[0], vocab_size, dtype=torch.float32)
+    # Padding adds 0 at column 0, which leaves it as it is (scatter_add_, unlike scatter_, allows repeats).
+    return dense.scatter_add_(1, ids.clamp(min=0), q.float().masked_fill(~valid, 0.0))
+
+
+def target_generator(seed: int) -> torch.Generator:
+    """The target's random stream for a completion seeded with ``seed`` (acceptance draws, recovered, bonus)."""
+    return torch.Generator().manual_seed(seed)
+
+
+def draft_generator(seed: int) -> torch.Generator:
+    """The draft's random stream for the same completion: independent of the target's (see starsd.seeding)."""
+    return torch.Generator().manual_seed(draft_seed(seed))
+
+
+def draw_proposal(
+    logits: torch.Tensor, params: SamplingParams, top_k: int, generator: torch.Generator | None
+) -> tuple[int, torch.Tensor | None, torch.Tensor | None]:
+    """The draft's choice from ``logits [V]``: ``(d, ids [k], q [k])``, or ``(argmax, None, None)`` when greedy.
+
+    A sampled ``d`` is drawn from the renormalised top-k ``q`` that is reported with it (see truncate_top_k).
+    """
+    if params.greedy:
+        return int(logits.argmax()), None, None
+    ids, q = truncate_top_k(logits_to_probs(logits, params), top_k)
+    return int(ids[sample(q, generator)]), ids, q
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """Draw one token id from ``probs [V]``."""
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    """Draw one token id from ``probs [V]`` (the exponential race: ``argmax(p_i / E_i)``, ``E_i ~ Exp(1)``).
+
+    ``P(argmax = i) = p_i / sum(p)`` exactly, zero-probability tokens never win, and it costs one pass over V
+    (``torch.multinomial`` costs several times more per call on the CPU).
+    """
+    race = torch.empty(probs.shape, dtype=torch.float32).exponential_(generator=generator)
+    race.clamp_(min=torch.finfo(torch.float32).tiny)  # an exact 0 would turn 0 / 0 into NaN
+    return int((probs / race).argmax())
 
 
 def verify(

@@ -108,12 +108,15 @@ def _perturbed_copy(model: Any, scale: float, gen: torch.Generator) -> Any:
     return twin.eval()
 
 
-def write_random_pair(out_dir: Path, seed: int = 0, vocab_mismatch: bool = False) -> ModelPair:
+def write_random_pair(
+    out_dir: Path, seed: int = 0, vocab_mismatch: bool = False, draft_noise: float = DRAFT_NOISE
+) -> ModelPair:
     """Write ``out_dir/draft`` and ``out_dir/target``: tiny random Llama checkpoints (about 0.2M parameters
     each) sharing one tokenizer; returns their paths as ``ModelPair(draft, target)``.
 
     The same ``seed`` gives the same weights. With ``vocab_mismatch`` the draft has its own, smaller tokenizer
-    and vocabulary (a different :func:`starsd.vocab.vocab_fingerprint`).
+    and vocabulary (a different :func:`starsd.vocab.vocab_fingerprint`). ``draft_noise`` sets how far the
+    draft strays from the target (relative noise per matrix; larger: more disagreement).
     """
     out_dir = Path(out_dir)
     pair = ModelPair(draft=out_dir / "draft", target=out_dir / "target")
@@ -131,7 +134,7 @@ def write_random_pair(out_dir: Path, seed: int = 0, vocab_mismatch: bool = False
             draft = _build(draft_tok, TINY_SPEC).eval()
         else:
             draft_tok = _write_tokenizer(staging.draft, None)
-            draft = _perturbed_copy(target, DRAFT_NOISE, gen)
+            draft = _perturbed_copy(target, draft_noise, gen)
         target.save_pretrained(str(staging.target), safe_serialization=True)
         draft.save_pretrained(str(staging.draft), safe_serialization=True)
         for final, staged in zip(pair, staging, strict=True):

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from starsd.draft.core import validate_request
 from starsd.draft.sessions import SessionError
+from starsd.drafting import GREEDY_BELOW
 from starsd.proto import starsd_pb2 as pb
 from starsd.target.api import Limits, RequestError, parse_completion
 
@@ -48,6 +49,7 @@ def test_any_json_body_parses_or_is_refused_with_a_4xx(body: object) -> None:
     seq=st.integers(0, 2**64 - 1),
     tokens=st.lists(st.integers(-(2**31), 2**31 - 1), max_size=300),
     gamma=st.integers(0, 2**32 - 1),
+    sample=st.booleans(),
     temperature=st.floats(width=32),
     top_p=st.floats(width=32),
     top_k=st.integers(0, 2**32 - 1),
@@ -66,4 +68,6 @@ def test_any_grpc_request_is_valid_or_invalid_argument(**fields: object) -> None
     if not req.release:
         assert 1 <= req.gamma <= 16
         assert all(0 <= t < 512 for t in req.tokens)
-        assert math.isfinite(req.temperature) and req.temperature >= 0
+        if req.sample:
+            assert math.isfinite(req.temperature) and req.temperature >= GREEDY_BELOW
+            assert 0 < req.top_p <= 1

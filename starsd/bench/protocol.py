@@ -72,6 +72,7 @@ async def measure(address: str, gamma: int, temperature: float, rounds: int, war
                 seq=seq,
                 tokens=tokens,
                 gamma=gamma,
+                sample=temperature > 0,
                 temperature=temperature,
                 top_p=1.0,
                 top_k=8,

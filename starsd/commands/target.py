@@ -108,7 +108,7 @@ async def _serve(args: argparse.Namespace, loaded: object) -> int:
             max_tokens_cap=args.max_tokens_cap,
         ),
     )
-    runner = web.AppRunner(app.build(), access_log=None, shutdown_timeout=30.0)
+    runner = app.runner(shutdown_timeout=30.0)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()

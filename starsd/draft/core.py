@@ -21,7 +21,7 @@ from starsd.draft.load import LoadTracker
 from starsd.draft.metrics import DraftMetrics
 from starsd.draft.proposers import ProposalRequest, Proposer, ProposerFailed
 from starsd.draft.sessions import Session, SessionError, SessionStore
-from starsd.drafting import Proposal, SamplingParams
+from starsd.drafting import GREEDY_BELOW, Proposal, SamplingParams
 from starsd.proto import starsd_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -89,16 +89,24 @@ def validate_request(req: pb.ProposeRequest, vocab_size: int, max_gamma: int, ma
     bad_ids = [t for t in req.tokens if not 0 <= t < vocab_size]
     if bad_ids:
         raise bad(f"token ids out of range 0..{vocab_size - 1}: {bad_ids[:5]}")
-    if not math.isfinite(req.temperature) or req.temperature < 0:
-        raise bad(f"temperature must be a finite number >= 0, got {req.temperature}")
-    if not math.isfinite(req.top_p) or not 0 <= req.top_p <= 1:
-        raise bad(f"top_p must be in (0, 1], got {req.top_p}")
+    if req.sample:  # greedy requests draft the argmax: their temperature and top_p are not used
+        if not math.isfinite(req.temperature) or req.temperature < GREEDY_BELOW:
+            raise bad(f"a sampled request needs a finite temperature >= {GREEDY_BELOW}, got {req.temperature}")
+        if not math.isfinite(req.top_p) or not 0 < req.top_p <= 1:
+            raise bad(f"top_p must be in (0, 1], got {req.top_p}")
     if req.top_k > MAX_TOP_K:
         raise bad(f"top_k must be at most {MAX_TOP_K}, got {req.top_k}")
     for name in ("verify_seconds", "rtt_seconds"):
         value = getattr(req, name)
         if not math.isfinite(value) or value < 0:
             raise bad(f"{name} must be a finite number >= 0")
+
+
+def sampling_params(req: pb.ProposeRequest) -> SamplingParams:
+    """How to draft for a (validated) request: the target decided greedy or sampled, and says so."""
+    if not req.sample:
+        return SamplingParams(temperature=0.0)
+    return SamplingParams(temperature=req.temperature, top_p=req.top_p)
 
 
 class DraftCore:
@@ -172,8 +180,8 @@ class DraftCore:
                     self.load.forget(key)
                 self.metrics.sessions.set(len(self.sessions))
                 return
-            params = SamplingParams(temperature=req.temperature, top_p=req.top_p or 1.0)
-            seed = int(req.seed) if req.seed else None
+            params = sampling_params(req)
+            seed = int(req.seed) if req.HasField("seed") else None
             session = self.sessions.admit(key, int(req.seq), stream, lambda: self.proposer.new_state(seed))
         except SessionError as err:
             self.metrics.errors.labels(code=err.code.name).inc()

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19starsd/proto/starsd.proto\x12\tstarsd.v1\"\xe6\x01\n\x0eProposeRequest\x12\x11\n\ttarget_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x12\n\x06tokens\x18\x04 \x03(\x05\x42\x02\x10\x01\x12\r\n\x05gamma\x18\x05 \x01(\r\x12\x13\n\x0btemperature\x18\x06 \x01(\x02\x12\r\n\x05top_p\x18\x07 \x01(\x02\x12\r\n\x05top_k\x18\x08 \x01(\r\x12\x0c\n\x04seed\x18\t \x01(\x04\x12\x0f\n\x07release\x18\n \x01(\x08\x12\x16\n\x0everify_seconds\x18\x0b \x01(\x02\x12\x13\n\x0brtt_seconds\x18\x0c \x01(\x02\"\x86\x02\n\x0fProposeResponse\x12\x11\n\ttarget_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x15\n\ttoken_ids\x18\x04 \x03(\x05\x42\x02\x10\x01\x12\x11\n\x05q_ids\x18\x05 \x03(\x05\x42\x02\x10\x01\x12\x13\n\x07q_probs\x18\x06 \x03(\x02\x42\x02\x10\x01\x12\r\n\x05top_k\x18\x07 \x01(\r\x12\x17\n\x0fservice_seconds\x18\x08 \x01(\x02\x12\x12\n\nerror_code\x18\t \x01(\x05\x12\x15\n\rerror_message\x18\n \x01(\t\x12\x16\n\x0e\x64raft_sessions\x18\x0b \x01(\r\x12\x15\n\rqueue_seconds\x18\x0c \x01(\x02\"\r\n\x0bInfoRequest\"\x8f\x01\n\x0cInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x19\n\x11vocab_fingerprint\x18\x03 \x01(\t\x12\x13\n\x0bmax_context\x18\x04 \x01(\r\x12\x11\n\tmax_gamma\x18\x05 \x01(\r\x12\x14\n\x0cmax_sessions\x18\x06 \x01(\r2\x86\x01\n\x05\x44raft\x12\x44\n\x07Propose\x12\x19.starsd.v1.ProposeRequest\x1a\x1a.starsd.v1.ProposeResponse(\x01\x30\x01\x12\x37\n\x04Info\x12\x16.starsd.v1.InfoRequest\x1a\x17.starsd.v1.InfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19starsd/proto/starsd.proto\x12\tstarsd.v1\"\x84\x02\n\x0eProposeRequest\x12\x11\n\ttarget_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x12\n\x06tokens\x18\x04 \x03(\x05\x42\x02\x10\x01\x12\r\n\x05gamma\x18\x05 \x01(\r\x12\x13\n\x0btemperature\x18\x06 \x01(\x02\x12\r\n\x05top_p\x18\x07 \x01(\x02\x12\r\n\x05top_k\x18\x08 \x01(\r\x12\x11\n\x04seed\x18\t \x01(\x04H\x00\x88\x01\x01\x12\x0f\n\x07release\x18\n \x01(\x08\x12\x16\n\x0everify_seconds\x18\x0b \x01(\x02\x12\x13\n\x0brtt_seconds\x18\x0c \x01(\x02\x12\x0e\n\x06sample\x18\r \x01(\x08\x42\x07\n\x05_seed\"\x86\x02\n\x0fProposeResponse\x12\x11\n\ttarget_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x15\n\ttoken_ids\x18\x04 \x03(\x05\x42\x02\x10\x01\x12\x11\n\x05q_ids\x18\x05 \x03(\x05\x42\x02\x10\x01\x12\x13\n\x07q_probs\x18\x06 \x03(\x02\x42\x02\x10\x01\x12\r\n\x05top_k\x18\x07 \x01(\r\x12\x17\n\x0fservice_seconds\x18\x08 \x01(\x02\x12\x12\n\nerror_code\x18\t \x01(\x05\x12\x15\n\rerror_message\x18\n \x01(\t\x12\x16\n\x0e\x64raft_sessions\x18\x0b \x01(\r\x12\x15\n\rqueue_seconds\x18\x0c \x01(\x02\"\r\n\x0bInfoRequest\"\x8f\x01\n\x0cInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x19\n\x11vocab_fingerprint\x18\x03 \x01(\t\x12\x13\n\x0bmax_context\x18\x04 \x01(\r\x12\x11\n\tmax_gamma\x18\x05 \x01(\r\x12\x14\n\x0cmax_sessions\x18\x06 \x01(\r2\x86\x01\n\x05\x44raft\x12\x44\n\x07Propose\x12\x19.starsd.v1.ProposeRequest\x1a\x1a.starsd.v1.ProposeResponse(\x01\x30\x01\x12\x37\n\x04Info\x12\x16.starsd.v1.InfoRequest\x1a\x17.starsd.v1.InfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,13 +40,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROPOSERESPONSE'].fields_by_name['q_probs']._loaded_options = None
   _globals['_PROPOSERESPONSE'].fields_by_name['q_probs']._serialized_options = b'\020\001'
   _globals['_PROPOSEREQUEST']._serialized_start=41
-  _globals['_PROPOSEREQUEST']._serialized_end=271
-  _globals['_PROPOSERESPONSE']._serialized_start=274
-  _globals['_PROPOSERESPONSE']._serialized_end=536
-  _globals['_INFOREQUEST']._serialized_start=538
-  _globals['_INFOREQUEST']._serialized_end=551
-  _globals['_INFORESPONSE']._serialized_start=554
-  _globals['_INFORESPONSE']._serialized_end=697
-  _globals['_DRAFT']._serialized_start=700
-  _globals['_DRAFT']._serialized_end=834
+  _globals['_PROPOSEREQUEST']._serialized_end=301
+  _globals['_PROPOSERESPONSE']._serialized_start=304
+  _globals['_PROPOSERESPONSE']._serialized_end=566
+  _globals['_INFOREQUEST']._serialized_start=568
+  _globals['_INFOREQUEST']._serialized_end=581
+  _globals['_INFORESPONSE']._serialized_start=584
+  _globals['_INFORESPONSE']._serialized_end=727
+  _globals['_DRAFT']._serialized_start=730
+  _globals['_DRAFT']._serialized_end=864
 # @@protoc_insertion_point(module_scope)

@@ -168,6 +168,33 @@ class DraftClient:
         self._pending.pop((session_id, seq), None)
 
 
+def proposal_fault(response: pb.ProposeResponse, gamma: int, vocab_size: int, sampled: bool) -> str | None:
+    """What is wrong with a draft's answer, or None if it can be verified (a faulty one is decoded alone)."""
+    ids = list(response.token_ids)
+    if len(ids) > gamma:
+        return f"{len(ids)} tokens proposed, {gamma} asked for"
+    if any(not 0 <= t < vocab_size for t in ids):
+        return f"a proposed token id is outside 0..{vocab_size - 1}"
+    if not sampled or not ids:
+        return None
+    k = response.top_k
+    if k < 1 or len(response.q_ids) != k * len(ids) or len(response.q_probs) != k * len(ids):
+        return f"a sampled proposal needs top_k >= 1 and top_k entries per token (top_k {k}, {len(ids)} tokens)"
+    for i, d in enumerate(ids):
+        support = response.q_ids[i * k : (i + 1) * k]
+        probs = response.q_probs[i * k : (i + 1) * k]
+        if any(not (math.isfinite(q) and q >= 0.0) for q in probs) or abs(sum(probs) - 1.0) > 1e-3:
+            return f"the proposal distribution at position {i + 1} is not a probability distribution"
+        real = [t for t in support if t >= 0]
+        if any(t >= vocab_size for t in real) or len(set(real)) != len(real):
+            return f"the support at position {i + 1} holds an id outside the vocabulary or twice"
+        if any(t < 0 and q != 0.0 for t, q in zip(support, probs, strict=True)):
+            return f"padding at position {i + 1} carries probability"
+        if not any(t == d and q > 0.0 for t, q in zip(support, probs, strict=True)):
+            return f"token {d} at position {i + 1} has no probability in the distribution it was drawn from"
+    return None
+
+
 @dataclass
 class DraftProposal:
     token_ids: list[int]
@@ -187,6 +214,7 @@ class DraftLink:
         self.synced = 0  # committed tokens the draft already knows
         self.generation = -1
         self.cooldown = 0
+        self.malformed = False  # the last answer failed validation (the caller counts it, then clears this)
         self.rtt = 0.0
         # What adaptive gamma needs: this session's acceptance and the draft's measured costs.
         self.acceptance = AcceptanceEstimate()
@@ -216,7 +244,8 @@ class DraftLink:
             seq=self.seq,
             tokens=committed[self.synced :],
             gamma=gamma,
-            temperature=self.params.temperature,
+            sample=not self.params.greedy,
+            temperature=0.0 if self.params.greedy else self.params.temperature,
             top_p=self.params.top_p,
             top_k=client.options.top_k,
             seed=self.seed,
@@ -241,6 +270,12 @@ class DraftLink:
         self.rtt = time.perf_counter() - sent
         if response.error_code:
             log.warning("draft refused session %d seq %d: %s", self.session_id, self.seq, response.error_message)
+            self.release()
+            return None
+        fault = proposal_fault(response, gamma, client.vocab_size, sampled=not self.params.greedy)
+        if fault is not None:
+            log.warning("malformed draft answer for session %d seq %d: %s", self.session_id, self.seq, fault)
+            self.malformed = True
             self.release()
             return None
         self.synced = len(committed)

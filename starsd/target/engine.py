@@ -7,16 +7,16 @@ completion's verification overlaps other completions' round trips to the draft (
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
 
 from starsd.runners import LoadedModel, TargetRunner, TargetSession
-from starsd.sampling import SamplingParams, Verdict, dense_from_sparse, verify, verify_greedy
+from starsd.sampling import SamplingParams, Verdict, dense_from_sparse, target_generator, verify, verify_greedy
+from starsd.seeding import request_seed
 from starsd.target.draft_client import DraftClient, DraftLink, DraftProposal
 from starsd.target.metrics import TargetMetrics
 
@@ -45,6 +45,22 @@ class Round:
     verdict: Verdict
     drafted: int
     verify_seconds: float
+
+
+# Given the tokens generated before a round and the round's tokens, how many of the round's tokens to keep
+# because a stop sequence ends within them (None: no stop sequence ends there).
+StopCheck = Callable[[list[int], list[int]], int | None]
+
+
+def kept_counts(verdict: Verdict, drafted: int, keep: int) -> tuple[int, int]:
+    """(drafted, accepted) of a round of which only the first ``keep`` tokens count (EOS or a stop inside it).
+
+    The round's tokens are the accepted drafts then one target token; drafts past the cut were never needed,
+    so they count neither as drafted nor as accepted.
+    """
+    if keep > verdict.accepted:
+        return drafted, verdict.accepted
+    return keep, keep
 
 
 @dataclass
@@ -88,13 +104,18 @@ class TargetEngine:
         return Round(verdict, len(drafts), time.perf_counter() - start)
 
     async def generate(
-        self, prompt: list[int], max_tokens: int, params: SamplingParams, stats: GenerationStats
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        params: SamplingParams,
+        stats: GenerationStats,
+        stop: StopCheck | None = None,
     ) -> AsyncGenerator[list[int], None]:
-        """Yield the tokens committed by each round (EOS excluded) until ``max_tokens`` or EOS."""
+        """Yield the tokens committed by each round (EOS excluded) until ``max_tokens``, EOS or a stop sequence."""
         loop = asyncio.get_running_loop()
         session = self.runner.new_session(prompt)
-        seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(7), "big")
-        generator = None if params.greedy else torch.Generator().manual_seed(seed)
+        seed = request_seed(params.seed)
+        generator = None if params.greedy else target_generator(seed)
         link = DraftLink(self.draft, params, seed) if self.draft else None
         eos = self.loaded.eos_token_id
         verify_seconds = 0.0
@@ -111,6 +132,9 @@ class TargetEngine:
                     proposal = await link.propose(session.committed, gamma, verify_seconds)
                     if proposal is not None:
                         self.metrics.draft_rtt_seconds.observe(time.perf_counter() - sent)
+                    elif link.malformed:
+                        self.metrics.malformed_proposals.inc()
+                        link.malformed = False
                 rnd = await loop.run_in_executor(
                     self.executor, self._round, session, proposal, gamma, params, generator
                 )
@@ -118,19 +142,27 @@ class TargetEngine:
                 if proposal is not None and link is not None:
                     link.acceptance.update(rnd.verdict.accepted, rnd.drafted)
                 tokens = rnd.verdict.tokens
+                keep = len(tokens)  # tokens of this round that count (through an EOS or a stop sequence)
+                if eos is not None and eos in tokens:
+                    keep = tokens.index(eos) + 1
+                    tokens = tokens[: keep - 1]
+                    stats.finish_reason = "stop"
+                cut = stop(stats.token_ids, tokens) if stop is not None and tokens else None
+                if cut is not None:
+                    keep = cut
+                    tokens = tokens[:cut]
+                    stats.finish_reason = "stop"
+                drafted, accepted = kept_counts(rnd.verdict, rnd.drafted, keep)
                 stats.rounds += 1
-                stats.drafted_tokens += rnd.drafted
-                stats.accepted_tokens += rnd.verdict.accepted
+                stats.drafted_tokens += drafted
+                stats.accepted_tokens += accepted
                 if proposal is None and link is not None and gamma > 0:  # wanted a draft, had none
                     stats.fallback_tokens += len(tokens)
                     self.metrics.fallback_tokens.inc(len(tokens))
                 self.metrics.rounds.inc()
-                self.metrics.draft_tokens.inc(rnd.drafted)
-                self.metrics.accepted_tokens.inc(rnd.verdict.accepted)
+                self.metrics.draft_tokens.inc(drafted)
+                self.metrics.accepted_tokens.inc(accepted)
                 self.metrics.verify_seconds.observe(rnd.verify_seconds)
-                if eos is not None and eos in tokens:
-                    tokens = tokens[: tokens.index(eos)]
-                    stats.finish_reason = "stop"
                 stats.generated_tokens += len(tokens)
                 stats.token_ids.extend(tokens)
                 self.metrics.generated_tokens.inc(len(tokens))

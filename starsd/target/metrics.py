@@ -20,6 +20,11 @@ class TargetMetrics:
         self.fallback_tokens = Counter(
             "starsd_target_fallback_tokens", "Tokens generated without a draft proposal", registry=r
         )
+        self.malformed_proposals = Counter(
+            "starsd_target_malformed_proposals",
+            "Draft answers that failed validation (the round decoded alone)",
+            registry=r,
+        )
         self.rounds = Counter("starsd_target_rounds", "Verification rounds", registry=r)
         self.active = Gauge("starsd_target_active_requests", "Completions in progress", registry=r)
         self.draft_connected = Gauge("starsd_target_draft_connected", "1 while the draft stream is up", registry=r)

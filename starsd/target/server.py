@@ -22,6 +22,7 @@ from starsd.target.api import (
     check_context,
     find_stop,
     parse_completion,
+    stop_check,
     stream_safe_length,
 )
 from starsd.target.engine import GenerationStats, TargetEngine
@@ -36,6 +37,10 @@ class TargetServerOptions:
     max_concurrency: int = 64  # completions at once; more are answered 429 with Retry-After
     max_body_bytes: int = 1 << 20
     max_tokens_cap: int = 4096
+
+
+def internal_error(exc: BaseException) -> RequestError:
+    return RequestError(f"internal error: {type(exc).__name__}: {exc}", status=500, code="internal_error")
 
 
 def _error(err: RequestError, headers: dict[str, str] | None = None) -> web.Response:
@@ -54,6 +59,13 @@ class TargetApp:
         )
         self.active = 0
         self.started = int(time.time())
+
+    def runner(self, shutdown_timeout: float = 30.0) -> web.AppRunner:
+        """The app's runner. A client that disconnects cancels its handler (aiohttp does not by default), which
+        stops its generation and frees its draft session within the round in progress."""
+        return web.AppRunner(
+            self.build(), access_log=None, shutdown_timeout=shutdown_timeout, handler_cancellation=True
+        )
 
     def build(self) -> web.Application:
         app = web.Application(client_max_size=self.options.max_body_bytes, middlewares=[self._errors])
@@ -76,6 +88,9 @@ class TargetApp:
             if exc.status >= 400:
                 return _error(RequestError(exc.reason or "error", status=exc.status))
             raise
+        except Exception as exc:  # a bug must still answer in the API's shape, and the server keeps serving
+            log.exception("internal error serving %s %s", request.method, request.path)
+            return _error(internal_error(exc))
 
     async def healthz(self, _: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -173,7 +188,10 @@ class TargetApp:
         self, req: CompletionRequest, prompt_ids: list[int], stats: GenerationStats
     ) -> Any:  # AsyncIterator[tuple[str, bool]]: (text so far, finished by a stop sequence)
         tokenizer = self.engine.loaded.tokenizer
-        rounds = self.engine.generate(prompt_ids, req.max_tokens, self._params(req), stats)
+        stop = None
+        if req.stop:
+            stop = stop_check(lambda ids: tokenizer.decode(ids, skip_special_tokens=True), req.stop)
+        rounds = self.engine.generate(prompt_ids, req.max_tokens, self._params(req), stats, stop)
         async with aclosing(rounds):  # frees the draft session at once when a stop sequence ends early
             async for _ in rounds:
                 text = tokenizer.decode(stats.token_ids, skip_special_tokens=True)
@@ -190,6 +208,9 @@ class TargetApp:
         try:
             async for chunk, _ in self._run(req, prompt_ids, stats):
                 text = chunk
+        except asyncio.CancelledError:  # the client went away: the generation stops here
+            self.engine.metrics.requests.labels(status="client_closed").inc()
+            raise
         except Exception:
             self.engine.metrics.requests.labels(status="500").inc()
             raise
@@ -226,5 +247,10 @@ class TargetApp:
         except (ConnectionResetError, asyncio.CancelledError):
             self.engine.metrics.requests.labels(status="client_closed").inc()
             raise
+        except Exception as exc:  # the headers are sent: the stream ends with an error event, then [DONE]
+            log.exception("internal error in a streamed completion")
+            self.engine.metrics.requests.labels(status="500").inc()
+            await event(internal_error(exc).body())
+            await event("[DONE]")
         await response.write_eof()
         return response

@@ -33,7 +33,7 @@ class AppThread:
         engine = GatedEngine()
         engine.gate.set()
         app = TargetApp(engine, TargetServerOptions(target_id="t", served_model="fake", max_body_bytes=1 << 20))  # type: ignore[arg-type]
-        self.runner = web.AppRunner(app.build(), access_log=None)
+        self.runner = app.runner()
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()

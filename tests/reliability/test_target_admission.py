@@ -8,15 +8,17 @@ target would spend it on requests it then refuses with 429.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from starsd.sampling import SamplingParams
-from starsd.target.engine import GenerationStats
+from starsd.target.engine import GenerationStats, StopCheck
 from starsd.target.metrics import TargetMetrics
 from starsd.target.server import TargetApp, TargetServerOptions
 
@@ -48,7 +50,12 @@ class GatedEngine:
         self.started = asyncio.Event()
 
     async def generate(
-        self, prompt: list[int], max_tokens: int, params: SamplingParams, stats: GenerationStats
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        params: SamplingParams,
+        stats: GenerationStats,
+        stop: StopCheck | None = None,
     ) -> AsyncIterator[list[int]]:
         self.started.set()
         for _ in range(max_tokens):
@@ -119,6 +126,54 @@ def test_a_request_refused_as_bad_gives_its_slot_back() -> None:
             assert bad_json.status == 400
             ok = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
             assert ok.status == 200
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+
+
+class FailingEngine(GatedEngine):
+    """Generates ``good`` rounds, then fails as a bug in the generation loop would."""
+
+    def __init__(self, good: int) -> None:
+        super().__init__()
+        self.gate.set()
+        self.good = good
+
+    async def generate(
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        params: SamplingParams,
+        stats: GenerationStats,
+        stop: StopCheck | None = None,
+    ) -> AsyncIterator[list[int]]:
+        for _ in range(self.good):
+            stats.generated_tokens += 1
+            stats.token_ids.append(5)
+            yield [5]
+        raise RuntimeError("a bug in the generation loop")
+
+
+@pytest.mark.parametrize("good", [0, 2])
+def test_an_internal_error_answers_in_the_openai_error_shape_and_the_server_keeps_serving(good: int) -> None:
+    async def main() -> None:
+        client = await _serve(FailingEngine(good))
+        try:
+            resp = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 4})
+            assert resp.status == 500
+            assert resp.content_type == "application/json"
+            error = (await resp.json())["error"]
+            assert error["type"] == "server_error" and error["code"] == "internal_error"
+            assert "a bug in the generation loop" in error["message"] and "param" in error
+            streamed = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 4, "stream": True})
+            assert streamed.status == 200  # the headers went out before the failure
+            events = [line[6:] for line in (await streamed.text()).splitlines() if line.startswith("data: ")]
+            assert events[-1] == "[DONE]"
+            assert json.loads(events[-2])["error"]["code"] == "internal_error"
+            assert len(events) == good + 2  # every chunk before the failure, the error, [DONE]
+            health = await client.get("/healthz")
+            assert health.status == 200
         finally:
             await client.close()
 
