@@ -9,7 +9,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+
+from starsd import __version__
+
+# The exit status of a process whose reader went away (128 + SIGPIPE), as a shell reports it.
+EXIT_BROKEN_PIPE = 141
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -30,11 +36,42 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Appends ``(default: X)`` to an option's help when it has a default worth saying and its help does not
+    already name one; unlike ``argparse.ArgumentDefaultsHelpFormatter``, it never says ``(default: None)``."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            not action.option_strings
+            or action.required
+            or default is None
+            or default is False
+            or default is argparse.SUPPRESS
+            or default == []
+            or "default" in text.lower()
+            or "%(default)" in text
+        ):
+            return action.help
+        return f"{text} (default: %(default)s)"
+
+
+def use_formatter(parser: argparse.ArgumentParser) -> None:
+    """Give ``parser`` and every sub-command parser under it the shared :class:`HelpFormatter`."""
+    parser.formatter_class = HelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                use_formatter(child)
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="starsd",
         description="StarSD: one-for-many speculative decoding. One draft model serves many target models.",
     )
+    parser.add_argument("--version", action="version", version=f"starsd {__version__}")
     parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING, ERROR)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     # Only the command being run (or all, for top-level --help) has its module imported.
@@ -45,6 +82,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
             module = importlib.import_module(module_name)
             module.configure(p)
             p.set_defaults(_run=module.run)
+    use_formatter(parser)
     return parser
 
 
@@ -60,9 +98,25 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        return int(args._run(args) or 0)
+        code = int(args._run(args) or 0)
+        sys.stdout.flush()  # inside the try: a reader that left (`| head`) is noticed here, not at exit
+        return code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush at exit cannot fail on the closed pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file descriptor (a test's capture): nothing to flush
+        pass
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":

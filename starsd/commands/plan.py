@@ -32,7 +32,6 @@ def _betas(text: str) -> list[float]:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     parser.description = (
         "The system model of one draft serving N targets (DESIGN.md section 2): for each N, the regime, the "
         "draft's utilisation, total throughput O(N), per-target throughput and latency per token. N* (the "

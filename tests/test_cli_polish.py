@@ -1,0 +1,78 @@
+"""The command line's manners: ``--version``, ``--help`` without ``(default: None)``, a closed pipe."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from starsd import __version__, cli
+
+STARSD = [sys.executable, "-m", "starsd.cli"]
+
+
+def help_text(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*argv, "--help"])
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"starsd {__version__}"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [("plan",), ("target",), ("draft",), ("operator",), ("bench", "star"), ("bench", "gamma"), ("models", "train")],
+)
+def test_help_never_says_default_none_nor_a_default_twice(capsys: pytest.CaptureFixture[str], argv: tuple) -> None:
+    text = " ".join(help_text(capsys, *argv).split())  # argparse wraps lines: join them back
+    assert "(default: None)" not in text
+    assert "(default: False)" not in text
+    for option in re.split(r"\s(?=--[a-z])", text):
+        assert option.count("(default") <= 1, option
+
+
+def test_target_help_gives_the_defaults_its_options_use(capsys: pytest.CaptureFixture[str]) -> None:
+    text = " ".join(help_text(capsys, "target").split()).split(" options: ", 1)[1]  # past the usage lines
+    args = cli.build_parser(["target"]).parse_args(["target", "--model", "m"])
+    for option in ("--draft-timeout", "--draft-check-timeout", "--max-concurrency", "--max-tokens-cap"):
+        value = getattr(args, option[2:].replace("-", "_"))
+        described = re.search(rf"{option} \S+ (.*?)(?= --[a-z]|$)", text)
+        assert described is not None, option
+        assert re.search(rf"\(default:? {re.escape(str(value))}\b", described[1]), (option, described[1])
+
+
+def test_formatter_adds_a_default_only_where_one_is_worth_saying() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(formatter_class=cli.HelpFormatter)
+    parser.add_argument("--size", type=int, default=3, help="how many")
+    parser.add_argument("--name", help="a name")
+    parser.add_argument("--fast", action="store_true", help="go fast")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    text = " ".join(parser.format_help().split())
+    assert "how many (default: 3)" in text
+    assert "a name --fast" in text  # nothing added after "a name"
+    assert "go fast" in text and "go fast (default" not in text
+    assert "port (default 8000)" in text and "8000) (default" not in text
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback() -> None:
+    """``starsd plan --json | head -1``: the JSON is far larger than a pipe's buffer, so the write fails."""
+    ns = ",".join(str(n) for n in range(1, 3001))
+    argv = [*STARSD, "plan", "--tq", "0.004", "--tp", "0.03", "--tc", "0.001", "--alpha", "0.7", "--gamma", "4"]
+    proc = subprocess.Popen([*argv, "--json", "--n", ns], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().strip() == b"{"
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == cli.EXIT_BROKEN_PIPE, stderr
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
+    assert stderr == ""
