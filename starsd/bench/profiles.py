@@ -152,8 +152,8 @@ PROFILES: tuple[Profile, ...] = (
         derivation=(
             "Tq = 5 / 196.80 tok/s = 25.4 ms (speculate_k = 5, as in the repository's speculate_* scripts). "
             "Tp = Tp1 = 1 / 25.25 tok/s = 39.6 ms (one target step, a lower bound). alpha solves "
-            "(1 - a^6)/(1 - a) = 48.4 tok/s x (Tq + Tp) = 3.15, so a = 0.730. A 7B draft is slow: N* is 2, "
-            "which is why a star wants a much smaller draft."
+            "(1 - a^6)/(1 - a) = 48.4 tok/s x (Tq + Tp) = 3.15, so a = 0.730. A 7B draft is slow (Tq is almost "
+            "two thirds of Tp), so a few targets fill it, which is why a star wants a much smaller draft."
         ),
     ),
     Profile(
@@ -255,5 +255,15 @@ def describe(p: Profile) -> str:
         pts = ", ".join(f"{b}:{t * 1e3:.2f}" for b, t in curve.points)
         lines.append(f"  Tq(B) ms: {pts}  (batched N*={model.batched_optimal_targets(curve, p.tp, p.tc)})")
     lines.append(f"  source: {p.source}")
-    lines.append(f"  derivation: {p.derivation}")
+    lines.append(f"  derivation: {p.derivation} {n_star_derivation(p)}")
     return "\n".join(lines)
+
+
+def n_star_derivation(p: Profile) -> str:
+    """How ``N*`` follows from the profile's times, computed (never written by hand, so it cannot disagree
+    with the ``N*=`` of the header)."""
+    n_star = model.optimal_targets(p.tq, p.tp, p.tc)
+    return (
+        f"N* = ceil(1 + (Tp + 2 Tc) / Tq) = ceil(1 + ({p.tp * 1e3:.3f} + {2 * p.tc * 1e3:.3f}) / "
+        f"{p.tq * 1e3:.3f}) = {n_star}."
+    )

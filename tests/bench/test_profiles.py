@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,17 @@ def test_bad_profile_files_name_the_problem(tmp_path: Path, content: str, messag
 def test_unknown_profile_lists_the_known_ones() -> None:
     with pytest.raises(ValueError, match=profiles.DEFAULT_PROFILE):
         profiles.get("nope")
+
+
+def test_every_n_star_a_description_states_is_the_models() -> None:
+    """The header's ``N*=`` and the derivation's ``N* = ...`` are both computed, so they agree; a hand-written
+    ``N* is K`` in a source or derivation text would be a second, disagreeing copy."""
+    for p in profiles.PROFILES:
+        text = profiles.describe(p)
+        expected = model.optimal_targets(p.tq, p.tp, p.tc)
+        header = text.splitlines()[2]
+        found = re.search(r"N\*=(\d+)", header)
+        assert found is not None and found[1] == str(expected), p.name
+        derivation = next(line for line in text.splitlines() if line.startswith("  derivation:"))
+        assert derivation.endswith(f") = {expected}."), p.name
+        assert not re.search(r"N\* is \d", p.derivation + p.source), p.name
