@@ -53,3 +53,8 @@ COND_REBALANCING: Final = "Rebalancing"
 
 # The Event reason of every rebalancing decision that changes the target count.
 EVENT_REBALANCED: Final = "Rebalanced"
+# Normal Events of a reconcile, as a Deployment gives them: a child created, a workload's replicas changed,
+# a pool's children deleted.
+EVENT_CREATED: Final = "Created"
+EVENT_SCALED: Final = "Scaled"
+EVENT_DELETED: Final = "Deleted"

@@ -61,8 +61,9 @@ def owner_of(body: Mapping[str, Any]) -> Owner:
     return Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
 
 
-def reconcile(kube: Kube, body: Mapping[str, Any], config: Config, memory: Memory) -> None:
-    """Apply every desired child, then delete the pools' children the spec no longer lists.
+def reconcile(kube: Kube, body: Mapping[str, Any], config: Config, memory: Memory) -> list[Event]:
+    """Apply every desired child, then delete the pools' children the spec no longer lists; returns the
+    Normal Events of what changed (children created, workloads scaled, stale children deleted).
 
     Raises :class:`SpecError` or :class:`KubeError`; the error is also kept in ``memory`` so the next tick
     reports it in ``Ready``.
@@ -72,19 +73,53 @@ def reconcile(kube: Kube, body: Mapping[str, Any], config: Config, memory: Memor
     try:
         spec = parse(body.get("spec") or {})
         wanted = children.desired(owner, spec, config.images)
+        before = _existing(kube, owner)
         for obj in wanted:
             kube.apply(obj)
-        _delete_stale(kube, owner, wanted)
+        events = change_events(before, wanted)
+        events += _delete_stale(kube, owner, wanted)
     except (SpecError, KubeError) as exc:
         memory.reconcile_error = (generation, str(exc))
         raise
     memory.reconcile_error = None
+    return events
 
 
-def _delete_stale(kube: Kube, owner: Owner, wanted: list[dict[str, Any]]) -> None:
+CHILD_KINDS = ("Service", "NetworkPolicy", "Deployment", "StatefulSet")
+
+
+def _existing(kube: Kube, owner: Owner) -> dict[tuple[str, str], dict[str, Any]]:
+    """The children ``owner`` has now, by (kind, name)."""
+    selector = naming.owned_selector(owner)
+    return {
+        (kind, str((obj.get("metadata") or {}).get("name"))): obj
+        for kind in CHILD_KINDS
+        for obj in kube.list(kind, owner.namespace, selector)
+    }
+
+
+def change_events(before: Mapping[tuple[str, str], Mapping[str, Any]], wanted: list[dict[str, Any]]) -> list[Event]:
+    """A ``Created`` Event per child that did not exist, a ``Scaled`` Event per workload whose replicas moved."""
+    events: list[Event] = []
+    for obj in wanted:
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        old = before.get((kind, name))
+        if old is None:
+            events.append(Event("Normal", c.EVENT_CREATED, f"created {kind} {name}"))
+            continue
+        if kind in ("Deployment", "StatefulSet"):
+            was = (old.get("spec") or {}).get("replicas")
+            now = obj["spec"].get("replicas")
+            if was is not None and now is not None and was != now:
+                events.append(Event("Normal", c.EVENT_SCALED, f"scaled {kind} {name} from {was} to {now} replicas"))
+    return events
+
+
+def _delete_stale(kube: Kube, owner: Owner, wanted: list[dict[str, Any]]) -> list[Event]:
     """Delete target StatefulSets and Services of pools that left the spec (only ones this cluster owns)."""
     keep = {(o["kind"], o["metadata"]["name"]) for o in wanted}
     selector = naming.owned_selector(owner, c.COMPONENT_TARGET)
+    events: list[Event] = []
     for kind in ("StatefulSet", "Service"):
         for obj in kube.list(kind, owner.namespace, selector):
             meta = obj.get("metadata") or {}
@@ -92,6 +127,10 @@ def _delete_stale(kube: Kube, owner: Owner, wanted: list[dict[str, Any]]) -> Non
             if owned and (kind, meta.get("name")) not in keep:
                 log.info("deleting %s %s/%s: its pool left the spec", kind, owner.namespace, meta.get("name"))
                 kube.delete(kind, owner.namespace, str(meta.get("name")))
+                events.append(
+                    Event("Normal", c.EVENT_DELETED, f"deleted {kind} {meta.get('name')}: its pool left the spec")
+                )
+    return events
 
 
 def observe(kube: Kube, owner: Owner) -> status.Children:
@@ -138,8 +177,9 @@ def tick(
     except SpecError as exc:
         spec, spec_error = None, str(exc)
     observed = observe(kube, owner)
+    events: list[Event] = []
     if spec is not None:
-        observed = _repair(kube, body, config, memory, spec, observed, previous.get("observedGeneration"))
+        observed, events = _repair(kube, body, config, memory, spec, observed, previous.get("observedGeneration"))
     error = memory.reconcile_error
     obs = status.Observation(
         owner=owner,
@@ -149,9 +189,9 @@ def tick(
         spec_error=spec_error,
         reconcile_error=error[1] if error and error[0] == generation else None,
     )
-    events: list[Event] = []
     if spec is not None:
-        obs, events = _rebalance(kube, body, memory, spec, obs, now=now, fetch=fetch)
+        obs, rebalanced = _rebalance(kube, body, memory, spec, obs, now=now, fetch=fetch)
+        events += rebalanced
     new = status.build(obs, previous, now)
     return TickResult(status_patch=status.merge_patch(previous, new), events=events)
 
@@ -164,26 +204,26 @@ def _repair(
     spec: ClusterSpec,
     observed: status.Children,
     observed_generation: Any,
-) -> status.Children:
+) -> tuple[status.Children, list[Event]]:
     """Re-apply when a workload was deleted behind the operator's back (not while a reconcile of this
-    generation is pending or has failed: the handler owns those)."""
+    generation is pending or has failed: the handler owns those); returns the Events of the repair."""
     owner = owner_of(body)
     generation = body["metadata"].get("generation")
     if observed_generation != generation or memory.reconcile_error is not None:
-        return observed
+        return observed, []
     if body["metadata"].get("deletionTimestamp"):  # going away: its children are being collected
-        return observed
+        return observed, []
     names = [naming.draft_name(owner)] + [naming.pool_name(owner, p.name) for p in spec.pools]
     present = {(o.get("metadata") or {}).get("name") for o in [*observed.deployments, *observed.statefulsets]}
     if all(n in present for n in names):
-        return observed
+        return observed, []
     log.info("children of %s/%s are missing; applying them again", owner.namespace, owner.name)
     try:
-        reconcile(kube, body, config, memory)
+        events = reconcile(kube, body, config, memory)
     except (SpecError, KubeError) as exc:
         log.warning("repairing %s/%s failed: %s", owner.namespace, owner.name, exc)
-        return observed
-    return observe(kube, owner)
+        return observed, []
+    return observe(kube, owner), events
 
 
 def _rebalance(

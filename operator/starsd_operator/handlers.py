@@ -47,17 +47,25 @@ def memory(memo: Any) -> Memory:
     return found
 
 
-def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+def post(body: kopf.Body, events: list[controller.Event], logger: Any) -> None:
+    """Post each Event on the cluster's object (``kubectl describe ssd`` lists them) and log it."""
+    for event in events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+        logger.info(f"{event.reason}: {event.message}")
+
+
+def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     kube: Kube = memo["kube"]
     config: Config = memo["config"]
     try:
-        controller.reconcile(kube, body, config, memory(memo))
+        events = controller.reconcile(kube, body, config, memory(memo))
     except SpecError as exc:
         raise kopf.PermanentError(f"invalid spec: {exc}") from exc
     except KubeError as exc:
         if exc.permanent:
             raise kopf.PermanentError(f"the API server refused a child: {exc}") from exc
         raise kopf.TemporaryError(str(exc), delay=RETRY_DELAY) from exc
+    post(body, events, logger)
     patch.status["observedGeneration"] = body.metadata.get("generation")
 
 
@@ -70,8 +78,6 @@ def tick(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: Any, **_: 
     except KubeError as exc:
         logger.warning(f"cannot observe the cluster's children, trying again next tick: {exc}")
         return
-    for event in result.events:
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
-        logger.info(f"{event.reason}: {event.message}")
+    post(body, result.events, logger)
     if result.status_patch:
         patch.status.update(result.status_patch)

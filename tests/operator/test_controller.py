@@ -97,6 +97,45 @@ def test_a_pool_that_leaves_the_spec_is_deleted() -> None:
     assert ("StatefulSet", "ml", "chat-target-old") in kube.objects  # not ours: left alone
 
 
+def reasons(events: list[controller.Event]) -> list[tuple[str, str, str]]:
+    return [(e.type, e.reason, e.message) for e in events]
+
+
+def test_reconcile_posts_a_normal_event_per_created_child_and_none_when_nothing_changed() -> None:
+    kube, memory = FakeKube(), Memory()
+    events = controller.reconcile(kube, f.body(), CONFIG, memory)
+    assert reasons(events) == [("Normal", c.EVENT_CREATED, f"created {k} {n}") for k, n in kube.applied]
+    assert len(events) == 8
+    assert controller.reconcile(kube, f.body(), CONFIG, memory) == []
+
+
+def test_reconcile_posts_scaled_events_for_the_workloads_whose_replicas_moved() -> None:
+    kube, memory = reconciled(f.body())  # 3 targets: h100 2, l4 1
+    events = controller.reconcile(kube, f.body(f.spec(targets={"replicas": 6}), generation=2), CONFIG, memory)
+    assert reasons(events) == [
+        ("Normal", c.EVENT_SCALED, "scaled StatefulSet chat-target-h100 from 2 to 4 replicas"),
+        ("Normal", c.EVENT_SCALED, "scaled StatefulSet chat-target-l4 from 1 to 2 replicas"),
+    ]
+
+
+def test_reconcile_posts_an_event_per_child_of_a_pool_that_left() -> None:
+    kube, memory = reconciled(f.body())
+    events = controller.reconcile(kube, f.body(f.spec(pools=[{"name": "h100"}]), generation=2), CONFIG, memory)
+    deleted = [e for e in reasons(events) if e[1] == c.EVENT_DELETED]
+    assert sorted(m for _, _, m in deleted) == [
+        "deleted Service chat-target-l4: its pool left the spec",
+        "deleted StatefulSet chat-target-l4: its pool left the spec",
+    ]
+
+
+def test_a_repair_reports_what_it_created_again() -> None:
+    body = f.body()
+    kube, memory = reconciled(body)
+    kube.delete("StatefulSet", "ml", "chat-target-l4")
+    result = controller.tick(kube, body, CONFIG, memory, now=T0, fetch=under_loaded)
+    assert ("Normal", c.EVENT_CREATED, "created StatefulSet chat-target-l4") in reasons(result.events)
+
+
 def test_reconcile_failures_are_remembered_for_the_status() -> None:
     kube, memory = FakeKube(), Memory()
     kube.fail_apply = KubeError(422, "StatefulSet.apps is invalid")

@@ -83,21 +83,25 @@ def body(*args: Any, **kw: Any) -> kopf.Body:
     return kopf.Body(cast(kopf.RawBody, f.body(*args, **kw)))
 
 
-def test_the_reconcile_handler_maps_errors_for_kopf() -> None:
+def test_the_reconcile_handler_maps_errors_for_kopf(monkeypatch: pytest.MonkeyPatch) -> None:
+    posted: list[tuple[str, str]] = []  # kopf.event needs a running operator; e2e/ sees the real Events
+    monkeypatch.setattr(kopf, "event", lambda _body, *, type, reason, message: posted.append((type, reason)))
     kube = FakeKube()
     memo = kopf.Memo(kube=kube, config=Config())
     patch = kopf.Patch()
-    handlers.reconcile(body=body(generation=4), patch=patch, memo=memo)
+    logger = logging.getLogger("test")
+    handlers.reconcile(body=body(generation=4), patch=patch, memo=memo, logger=logger)
     assert patch["status"] == {"observedGeneration": 4}
+    assert posted and set(posted) == {("Normal", c.EVENT_CREATED)}
     assert isinstance(memo[handlers.MEMORY_KEY], Memory)
     with pytest.raises(kopf.PermanentError, match="invalid spec"):
-        handlers.reconcile(body=body(f.spec(pools=[])), patch=kopf.Patch(), memo=memo)
+        handlers.reconcile(body=body(f.spec(pools=[])), patch=kopf.Patch(), memo=memo, logger=logger)
     kube.fail_apply = handlers.KubeError(500, "etcd is down")
     with pytest.raises(kopf.TemporaryError, match="etcd is down"):
-        handlers.reconcile(body=body(), patch=kopf.Patch(), memo=memo)
+        handlers.reconcile(body=body(), patch=kopf.Patch(), memo=memo, logger=logger)
     kube.fail_apply = handlers.KubeError(422, "invalid quantity")
     with pytest.raises(kopf.PermanentError, match="invalid quantity"):
-        handlers.reconcile(body=body(), patch=kopf.Patch(), memo=memo)
+        handlers.reconcile(body=body(), patch=kopf.Patch(), memo=memo, logger=logger)
 
 
 def test_successful_ticks_are_not_logged() -> None:
