@@ -180,6 +180,7 @@ def _targets(owner: Owner, spec: ClusterSpec, children: Children) -> tuple[Condi
         "replicas": counts.replicas,
         "readyReplicas": counts.ready,
         "desiredReplicas": counts.desired,
+        "readyOfDesired": f"{counts.ready}/{counts.desired}",  # the TARGETS column, as a Deployment's READY
         "pools": pool_status,
     }
     capped = "" if counts.desired == spec.replicas else f" (pool bounds cap {spec.replicas} at {counts.desired})"

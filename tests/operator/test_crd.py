@@ -70,6 +70,10 @@ def test_printer_columns(crd: dict[str, Any]) -> None:
     assert default_view == ["Ready", "Targets", "Draft load", "Regime", "Age"]
     by_name = {col["name"]: col for col in columns}
     assert by_name["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
+    # "2/3" as a Deployment's READY: ready over desired, one string the status writes for it.
+    assert (by_name["Targets"]["type"], by_name["Targets"]["jsonPath"]) == ("string", ".status.targets.readyOfDesired")
+    targets = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["targets"]
+    assert targets["properties"]["readyOfDesired"]["type"] == "string"
     assert by_name["Draft load"]["jsonPath"] == ".status.draft.utilization"
     assert by_name["Regime"]["jsonPath"] == ".status.draft.regime"
     assert by_name["Age"]["type"] == "date"

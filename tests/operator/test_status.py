@@ -67,6 +67,7 @@ def test_a_healthy_cluster_is_ready() -> None:
         "replicas": 3,
         "readyReplicas": 3,
         "desiredReplicas": 3,
+        "readyOfDesired": "3/3",
         "pools": [
             {"name": "h100", "replicas": 2, "readyReplicas": 2, "desiredReplicas": 2},
             {"name": "l4", "replicas": 1, "readyReplicas": 1, "desiredReplicas": 1},
@@ -121,6 +122,7 @@ def test_an_unknown_node_pool_makes_ready_false_unschedulable() -> None:
     assert cond(built, c.COND_READY)["reason"] == "Unschedulable"
     assert "no nodes" in cond(built, c.COND_READY)["message"]
     assert built["targets"]["readyReplicas"] == 2
+    assert built["targets"]["readyOfDesired"] == "2/3"
 
 
 def test_children_not_created_yet() -> None:
