@@ -39,6 +39,16 @@ class TargetTotals:
     rounds: int = 0
     fallback: int = 0
     requests: int = 0
+    seconds: float = 0.0  # the sum of this target's request latencies
+
+    @property
+    def ms_per_request(self) -> float:
+        return 1e3 * self.seconds / self.requests if self.requests else 0.0
+
+    @property
+    def ms_per_token(self) -> float:
+        """Time per output token (TPOT) of this target's completions: their latency over their tokens."""
+        return 1e3 * self.seconds / self.tokens if self.tokens else 0.0
 
 
 @dataclass
@@ -58,18 +68,19 @@ def run_workload(
 ) -> PhaseResult:
     """Send ``requests`` greedy completions spread over the targets, ``concurrency`` at a time."""
 
-    def one(i: int) -> tuple[int, str, dict[str, Any] | None]:
+    def one(i: int) -> tuple[int, float, dict[str, Any] | None]:
         url = urls[i % len(urls)]
         body = {"prompt": DEMO_PROMPTS[i % len(DEMO_PROMPTS)], "max_tokens": max_tokens, "temperature": 0}
+        sent = time.perf_counter()
         status, out = http_json(f"{url}/v1/completions", body, timeout=300)
-        return i, url, out if status == 200 else None
+        return i, time.perf_counter() - sent, out if status == 200 else None
 
     per_target: dict[str, TargetTotals] = defaultdict(TargetTotals)
     result = PhaseResult(0.0, per_target)
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         for future in as_completed([pool.submit(one, i) for i in range(requests)]):
-            i, _, out = future.result()
+            i, seconds, out = future.result()
             if progress is not None:
                 progress.update(1)
             if out is None:
@@ -83,6 +94,7 @@ def run_workload(
             totals.rounds += s["rounds"]
             totals.fallback += s["fallback_tokens"]
             totals.requests += 1
+            totals.seconds += seconds
             result.outputs[i] = s["token_ids"]
     result.seconds = time.perf_counter() - start
     return result
@@ -100,7 +112,7 @@ def wait_draft_state(star: LocalStar, connected: bool, timeout: float = 30.0) ->
 def format_report(star_phase: PhaseResult, alone_phase: PhaseResult, load: dict[str, Any], targets: int) -> str:
     lines = []
     header = (
-        f"{'target':<10}{'requests':>9}{'tokens/s':>10}{'alone tok/s':>12}{'speedup':>9}"
+        f"{'target':<10}{'requests':>9}{'ms/req':>9}{'alone':>9}{'ms/token':>10}{'alone':>8}{'speedup':>9}"
         f"{'accept rate':>12}{'mean accepted':>14}{'rounds':>8}{'fallback':>9}"
     )
     lines.append(header)
@@ -108,21 +120,26 @@ def format_report(star_phase: PhaseResult, alone_phase: PhaseResult, load: dict[
     for name in sorted(star_phase.per_target):
         t = star_phase.per_target[name]
         alone = alone_phase.per_target.get(name, TargetTotals())
-        tps = t.tokens / star_phase.seconds
-        alone_tps = alone.tokens / alone_phase.seconds if alone_phase.seconds else 0.0
         rate = t.accepted / t.drafted if t.drafted else 0.0
         mean_len = t.accepted / t.rounds if t.rounds else 0.0
-        speedup = tps / alone_tps if alone_tps else 0.0
+        speedup = alone.ms_per_token / t.ms_per_token if t.ms_per_token else 0.0
         lines.append(
-            f"{name:<10}{t.requests:>9}{tps:>10.1f}{alone_tps:>12.1f}{speedup:>8.2f}x"
+            f"{name:<10}{t.requests:>9}{t.ms_per_request:>9.0f}{alone.ms_per_request:>9.0f}"
+            f"{t.ms_per_token:>10.1f}{alone.ms_per_token:>8.1f}{speedup:>8.2f}x"
             f"{rate:>12.2f}{mean_len:>14.2f}{t.rounds:>8}{t.fallback:>9}"
         )
-    total = star_phase.tokens / star_phase.seconds
+    total = star_phase.tokens / star_phase.seconds if star_phase.seconds else 0.0
     total_alone = alone_phase.tokens / alone_phase.seconds if alone_phase.seconds else 0.0
     lines.append("-" * len(header))
     lines.append(
-        f"{'all':<10}{sum(t.requests for t in star_phase.per_target.values()):>9}{total:>10.1f}"
-        f"{total_alone:>12.1f}{(total / total_alone if total_alone else 0):>8.2f}x"
+        f"all {sum(t.requests for t in star_phase.per_target.values())} requests: {total:.1f} tokens/s with the "
+        f"draft, {total_alone:.1f} alone ({(total / total_alone if total_alone else 0):.2f}x), over each "
+        "run's wall time"
+    )
+    lines.append(
+        "Acceptance differs between identical targets because their prompts differ: request i goes to target "
+        f"i mod {targets} with prompt i mod {len(DEMO_PROMPTS)}, and how often the draft guesses right depends "
+        "on the text."
     )
     same = sum(1 for i, ids in star_phase.outputs.items() if alone_phase.outputs.get(i) == ids)
     lines.append("")
@@ -132,6 +149,7 @@ def format_report(star_phase: PhaseResult, alone_phase: PhaseResult, load: dict[
         f"Tp {load.get('tp_seconds', 0) * 1e3:.1f} ms, Tc {load.get('tc_seconds', 0) * 1e3:.2f} ms, "
         f"N* = {load.get('recommended_targets')} (system model)"
     )
+    lines.append(read_regime(load, targets))
     lines.append(
         f"lossless: {same}/{len(star_phase.outputs)} greedy completions identical with and without the draft; "
         f"failed requests: {star_phase.failures + alone_phase.failures}"
@@ -141,3 +159,28 @@ def format_report(star_phase: PhaseResult, alone_phase: PhaseResult, load: dict[
         "mechanism, not a GPU cluster's speed."
     )
     return "\n".join(lines)
+
+
+def read_regime(load: dict[str, Any], targets: int) -> str:
+    """One sentence that reads the draft's regime line for this run's target count."""
+    n_star = load.get("recommended_targets")
+    regime = load.get("regime")
+    model = "by the system model on the measured Tq, Tp and Tc"
+    if not isinstance(n_star, int) or regime not in ("FullyLoaded", "UnderLoaded"):
+        return "The draft reported no load (regime and N* unknown)."
+    if regime == "FullyLoaded" and targets > n_star:
+        return (
+            f"FullyLoaded: the draft never idled; {model}, {n_star} target(s) already keep it busy, so the "
+            f"other {targets - n_star} queue behind it: more targets add latency, not throughput."
+        )
+    if regime == "FullyLoaded":
+        return f"FullyLoaded: the draft never idled with {targets} target(s); {model}, N* = {n_star} fills it."
+    if targets < n_star:
+        return (
+            f"UnderLoaded: the draft idled between proposals; {model}, {n_star} targets would keep it busy, "
+            f"so it has room for {n_star - targets} more."
+        )
+    return (
+        f"UnderLoaded: the draft idled between proposals although {targets} target(s) reach N* = {n_star} "
+        f"({model}): the targets did not keep enough requests in flight."
+    )
