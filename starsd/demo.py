@@ -162,25 +162,34 @@ def format_report(star_phase: PhaseResult, alone_phase: PhaseResult, load: dict[
 
 
 def read_regime(load: dict[str, Any], targets: int) -> str:
-    """One sentence that reads the draft's regime line for this run's target count."""
+    """One sentence that reads the draft's regime line for this run's target count.
+
+    The regime and N* are the system model's verdict on the draft's measured Tq, Tp and Tc (not on its
+    measured utilisation, which is lower when targets spend time outside rounds: HTTP, tokenising, gaps
+    in the workload).
+    """
     n_star = load.get("recommended_targets")
     regime = load.get("regime")
-    model = "by the system model on the measured Tq, Tp and Tc"
     if not isinstance(n_star, int) or regime not in ("FullyLoaded", "UnderLoaded"):
         return "The draft reported no load (regime and N* unknown)."
+    reading = "Reading it: the regime and N* are the system model's, on the measured Tq, Tp and Tc."
     if regime == "FullyLoaded" and targets > n_star:
         return (
-            f"FullyLoaded: the draft never idled; {model}, {n_star} target(s) already keep it busy, so the "
-            f"other {targets - n_star} queue behind it: more targets add latency, not throughput."
+            f"{reading} FullyLoaded: {targets} targets ask more of the draft than one round leaves it time for "
+            f"(N x Tq >= Tq + Tp + 2 Tc); N* = {n_star} already fill it, so the other {targets - n_star} wait "
+            "for it: more targets add latency, not throughput."
         )
     if regime == "FullyLoaded":
-        return f"FullyLoaded: the draft never idled with {targets} target(s); {model}, N* = {n_star} fills it."
+        return (
+            f"{reading} FullyLoaded: {targets} target(s) leave the draft no idle time in a round; "
+            f"N* = {n_star} is the fewest that do, so this star is sized right."
+        )
     if targets < n_star:
         return (
-            f"UnderLoaded: the draft idled between proposals; {model}, {n_star} targets would keep it busy, "
-            f"so it has room for {n_star - targets} more."
+            f"{reading} UnderLoaded: with {targets} target(s) the draft idles part of each round; "
+            f"N* = {n_star} would fill it, so it has room for {n_star - targets} more."
         )
     return (
-        f"UnderLoaded: the draft idled between proposals although {targets} target(s) reach N* = {n_star} "
-        f"({model}): the targets did not keep enough requests in flight."
+        f"{reading} UnderLoaded: fewer than N* = {n_star} targets were connected to the draft when it reported "
+        f"(the regime counts connected targets, not the {targets} started)."
     )
