@@ -33,6 +33,10 @@ test: install ## the whole test suite: unit, integration (real servers on loopba
 unit: install ## the tests that need no Kubernetes control plane
 	$(BIN)/pytest tests
 
+.PHONY: test-fast cluster-env
+test-fast: install ## the quick loop: unit tests only (no servers on loopback, no control plane)
+	$(BIN)/pytest -q tests --ignore=tests/integration --ignore=tests/reliability -m "not slow"
+
 e2e: install ## end-to-end tests against a real kube-apiserver (built from Go modules on first use)
 	$(BIN)/pytest e2e
 
@@ -71,6 +75,9 @@ cluster-build: ## build the test cluster's binaries into ~/.cache/starsd (once p
 
 cluster-up: ## start a local Kubernetes control plane (kubeconfig in .cluster/kubeconfig)
 	bash e2e/cluster/cluster.sh up
+
+cluster-env: ## print the exports (KUBECONFIG, PATH) of the running test cluster, to eval
+	@bash e2e/cluster/cluster.sh env
 
 cluster-down: ## stop it and remove its state
 	bash e2e/cluster/cluster.sh down

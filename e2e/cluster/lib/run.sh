@@ -137,7 +137,24 @@ cluster_up() {
   wait_for "fake nodes" 60 "${kubectl[@]}" wait --for=condition=Ready node --all --timeout=1s
   wait_for "default service account" 60 "${kubectl[@]}" get serviceaccount default -n default
   trap - ERR
-  log "cluster up in $(( SECONDS - start ))s: export KUBECONFIG=$CLUSTER_DIR/kubeconfig PATH=$CLUSTER_DIR/bin:\$PATH"
+  cluster_env >"$CLUSTER_DIR/env"
+  log "cluster up in $(( SECONDS - start ))s."
+  up_notes >&2
+}
+
+# up_notes: what `up` tells its user last: how to reach the cluster, and that its nodes are fakes.
+up_notes() {
+  local dir="$CLUSTER_DIR"
+  [[ "$dir" == "$REPO_ROOT/.cluster" ]] && dir=".cluster"
+  cat <<EOF
+  Use it from this shell (KUBECONFIG, and $dir/bin first on PATH for its kubectl and helm):
+      source $dir/env                 # or: eval "\$(make -s cluster-env)"
+  Its nodes are kwok's fakes: pods become Running and Ready without running anything. The operator
+  Deployment the chart installs is such a pod, so nothing reconciles until you run the operator here:
+      source $dir/env && .venv/bin/starsd operator
+  (that is what the e2e tests do; the draft's load URL resolves only inside a real cluster, so the
+  rebalancer reports LoadUnavailable unless the starsd.io/load-url annotation points at a draft you run).
+EOF
 }
 
 # stop_pidfile FILE MARKER: stops the process recorded in FILE if it still runs MARKER (TERM, then KILL
