@@ -1,0 +1,62 @@
+"""examples/: the StarSDCluster and the models recipe fit the CRD, and the recipe's paths agree with it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from starsd_operator import constants as c
+from starsd_operator import spec as specmod
+
+from . import factories as f
+from .test_crd import errors
+
+EXAMPLES = f.REPO / "examples"
+
+
+def merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch (RFC 7386), as `kubectl patch --type=merge` applies it."""
+    out = dict(base)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def schema() -> dict[str, Any]:
+    root: dict[str, Any] = f.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return root
+
+
+def test_the_claim_patch_turns_the_example_into_a_valid_cluster_that_mounts_the_claim() -> None:
+    patch = yaml.safe_load((EXAMPLES / "models" / "from-claim.yaml").read_text())
+    patched = merge(f.sample(), patch)
+    assert errors(schema(), patched) == []
+    parsed = specmod.parse(patched["spec"])
+    assert (parsed.draft.model.claim_name, parsed.draft.model.sub_path) == ("starsd-models", "draft")
+    assert (parsed.target.model.claim_name, parsed.target.model.sub_path) == ("starsd-models", "target")
+    assert parsed.draft.model.path == f.sample()["spec"]["draft"]["model"]["path"]
+
+
+def test_the_claim_the_patch_names_is_the_one_the_recipe_creates() -> None:
+    docs = list(yaml.safe_load_all((EXAMPLES / "models" / "models-pvc.yaml").read_text()))
+    (claim,) = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    (loader,) = [d for d in docs if d["kind"] == "Pod"]
+    patch = yaml.safe_load((EXAMPLES / "models" / "from-claim.yaml").read_text())
+    assert patch["spec"]["draft"]["model"]["claimName"] == claim["metadata"]["name"]
+    assert loader["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    assert loader["spec"]["securityContext"]["runAsUser"] == c.RUN_AS_USER
+
+
+def test_the_derived_image_puts_the_checkpoints_where_the_example_looks() -> None:
+    dockerfile = (EXAMPLES / "models" / "Dockerfile").read_text()
+    sample = f.sample()["spec"]
+    for role in ("draft", "target"):
+        path = sample[role]["model"]["path"]
+        assert f"COPY models/{role} {path}\n" in dockerfile, role
+        assert Path(f.REPO / "models" / role / "config.json").is_file(), role
