@@ -108,6 +108,8 @@ class LocalStar:
     emulate_service_time: float | None = None
     log_dir: Path | None = None
     threads: int = 1  # torch threads per process
+    device: str = "auto"  # --device and --dtype of every process (see starsd.devices)
+    dtype: str = "auto"
 
     def __post_init__(self) -> None:
         models = default_models_dir()
@@ -151,14 +153,14 @@ class LocalStar:
         if self.emulate_service_time is not None:
             argv += ["--emulate-service-time", str(self.emulate_service_time)]
         else:
-            argv += ["--model", str(self.draft_model)]
+            argv += ["--model", str(self.draft_model), "--device", self.device, "--dtype", self.dtype]
         assert self.log_dir is not None
         return Proc("draft", argv + self.draft_args, self.log_dir / "draft.log")
 
     def _target_proc(self, i: int, port: int) -> Proc:
         argv = [sys.executable, "-m", "starsd.cli", "target", "--model", str(self.target_model)]
         argv += ["--draft", self.draft_address, "--host", self.host, "--port", str(port)]
-        argv += ["--gamma", str(self.gamma), "--id", f"target-{i}"]
+        argv += ["--gamma", str(self.gamma), "--id", f"target-{i}", "--device", self.device, "--dtype", self.dtype]
         assert self.log_dir is not None
         return Proc(f"target-{i}", argv + self.target_args, self.log_dir / f"target-{i}.log")
 

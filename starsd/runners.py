@@ -6,9 +6,9 @@ values of a prefix of its tokens, and the next forward pass feeds exactly the to
 * Draft (:class:`DraftRunner`): a request brings the tokens the target committed since the last request. The
   draft keeps the longest prefix of its cache that agrees with the committed text (its accepted proposals),
   crops the rest (the rejected ones), feeds the new tokens, then proposes ``gamma`` tokens one by one.
-* Target (:class:`TargetRunner`): one forward pass over ``[uncached committed tokens, d_1..d_gamma]`` scores
-  every draft at once; after the verdict the cache is cropped to the committed tokens minus the last, whose
-  logits the next round needs.
+* Target (:class:`starsd.target.batching.TargetRunner`): one forward pass per step over every ready
+  session's ``[uncached committed tokens, d_1..d_gamma]`` scores every draft at once; after the verdict each
+  cache is cropped to its committed tokens minus the last, whose logits the next round needs.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from typing import Any
 
 import torch
 
+from starsd.devices import Placement, resolve
 from starsd.drafting import DraftRequest as DraftRequest  # torch-free types, re-exported for the runners' users
 from starsd.drafting import ModelLoadError as ModelLoadError
 from starsd.drafting import Proposal as Proposal
 from starsd.drafting import checkpoint_dir
-from starsd.sampling import SamplingParams, draft_generator, draw_proposal, logits_to_probs
+from starsd.sampling import SamplingParams, draft_generator, draw_proposal
 from starsd.seeding import request_seed
 from starsd.vocab import vocab_fingerprint
 
@@ -44,6 +45,11 @@ class LoadedModel:
     fingerprint: str  # digest of the tokenizer's vocabulary
     max_context: int
     eos_token_id: int | None
+    placement: Placement = field(default_factory=lambda: resolve("cpu", "float32"))
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.placement.device)
 
 
 def set_threads(threads: int | None) -> None:
@@ -53,16 +59,22 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(max(1, threads))
 
 
-def load_checkpoint(path: str | Path) -> LoadedModel:
-    """Load a causal LM checkpoint from a local directory, offline (nothing is fetched from a hub)."""
+def load_checkpoint(path: str | Path, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
+    """Load a causal LM checkpoint from a local directory, offline (nothing is fetched from a hub), onto
+    ``device`` in ``dtype`` (see :mod:`starsd.devices`; ``auto``: CUDA + bf16 when a GPU is visible)."""
     root = checkpoint_dir(path)
+    try:
+        placement = resolve(device, dtype)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(root, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(root, local_files_only=True, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(root, local_files_only=True, dtype=placement.dtype)
+        model.to(placement.device)
     except Exception as exc:  # transformers raises many types; the path and cause are what matter
         raise ModelLoadError(f"cannot load the checkpoint at {str(root)!r}: {exc}") from exc
     model.eval()
@@ -81,6 +93,7 @@ def load_checkpoint(path: str | Path) -> LoadedModel:
         fingerprint=vocab_fingerprint(tokenizer),
         max_context=max_context,
         eos_token_id=tokenizer.eos_token_id,
+        placement=placement,
     )
 
 
@@ -95,6 +108,11 @@ def check_same_vocabulary(draft: LoadedModel, target: LoadedModel) -> None:
         )
 
 
+def new_cache() -> Any:
+    """An empty per-session key/value cache (see starsd.kvcache)."""
+    return _new_cache()
+
+
 def _new_cache() -> Any:
     from starsd import kvcache  # imports transformers: only once a model is in use
 
@@ -103,7 +121,7 @@ def _new_cache() -> Any:
 
 def _forward(model: Any, tokens: list[int], cache: Any) -> torch.Tensor:
     """Feed ``tokens`` after the cached prefix; returns logits ``[T, V]``."""
-    input_ids = torch.tensor([tokens], dtype=torch.long)  # [1, T]
+    input_ids = torch.tensor([tokens], dtype=torch.long, device=model.device)  # [1, T]
     out = model(input_ids=input_ids, past_key_values=cache, use_cache=True)
     return out.logits[0]  # [T, V]
 
@@ -116,8 +134,8 @@ def _attention_4d(keys: torch.Tensor, queries: int) -> torch.Tensor:
     padded batch's mask with ``vmap``, which costs far more than the tiny draft's forward pass.
     """
     total = keys.shape[1]
-    columns = torch.arange(total)
-    rows = torch.arange(total - queries, total).unsqueeze(1)  # [queries, 1]
+    columns = torch.arange(total, device=keys.device)
+    rows = torch.arange(total - queries, total, device=keys.device).unsqueeze(1)  # [queries, 1]
     causal = columns.unsqueeze(0) <= rows  # [queries, K]
     return keys.bool()[:, None, None, :] & causal[None, None, :, :]
 
@@ -153,7 +171,8 @@ class DraftRunner:
 
     def new_state(self, seed: int | None) -> DraftSessionState:
         """A session's state; ``seed`` is the request's seed (the draft's own stream is derived from it)."""
-        return DraftSessionState(cache=_new_cache(), generator=draft_generator(request_seed(seed)))
+        generator = draft_generator(request_seed(seed), self.loaded.device)
+        return DraftSessionState(cache=_new_cache(), generator=generator)
 
     def _sync(self, state: DraftSessionState, new_tokens: list[int], gamma: int) -> tuple[list[int], int]:
         """Append the newly committed tokens, crop rejected proposals from the cache; return (feed, gamma)."""
@@ -236,13 +255,15 @@ class DraftRunner:
         cache = kvcache.batch_cache([s.cache for s in states], cached, layers, total)
         # Row b: its cache right-aligned in [past - n, past), its feed from ``past`` (right-padded to
         # ``width``), then one column per drafting step; the mask marks the real columns.
+        device = self.loaded.device
         mask = torch.zeros(batch, total, dtype=torch.bool)
         input_ids = torch.zeros(batch, width, dtype=torch.long)
         for b, ((_, feed, _), n) in enumerate(zip(rows, cached, strict=True)):
             mask[b, past - n : past + len(feed)] = True
             input_ids[b, : len(feed)] = torch.tensor(feed)
-        base = torch.tensor(cached).unsqueeze(1)  # [B, 1]: each row's first new position
-        positions = base + torch.arange(width)
+        mask, input_ids = mask.to(device), input_ids.to(device)
+        base = torch.tensor(cached, device=device).unsqueeze(1)  # [B, 1]: each row's first new position
+        positions = base + torch.arange(width, device=device)
         model = self.loaded.model
         filled = past + width
         logits = model(
@@ -251,8 +272,8 @@ class DraftRunner:
             position_ids=positions,
             past_key_values=cache,
         ).logits
-        next_logits = logits[torch.arange(batch), torch.tensor(widths) - 1]  # [B, V]
-        step_base = base + torch.tensor(widths).unsqueeze(1)  # [B, 1]: the first drafted token's position
+        next_logits = logits[torch.arange(batch, device=device), torch.tensor(widths, device=device) - 1]  # [B, V]
+        step_base = base + torch.tensor(widths, device=device).unsqueeze(1)  # [B, 1]: the first drafted position
         for step in range(steps):
             chosen = []
             for b, (i, _, gamma) in enumerate(rows):
@@ -266,7 +287,7 @@ class DraftRunner:
             mask[:, filled] = True
             filled += 1
             out = model(
-                input_ids=torch.tensor(chosen).unsqueeze(1),
+                input_ids=torch.tensor(chosen, device=device).unsqueeze(1),
                 attention_mask=_attention_4d(mask[:, :filled], 1),
                 position_ids=step_base + step,
                 past_key_values=cache,
@@ -281,57 +302,12 @@ class DraftRunner:
             s.cached.extend(proposals[i].token_ids[:fed_steps])
 
 
-@dataclass
-class TargetSession:
-    """The target's state for one completion."""
-
-    committed: list[int]  # prompt + generated tokens
-    cache: Any = None
-    cached_len: int = 0  # committed[:cached_len] have keys/values in the cache
-
-
-class TargetRunner:
-    """Scores drafted tokens with the target model and keeps per-session caches."""
-
-    def __init__(self, loaded: LoadedModel) -> None:
-        self.loaded = loaded
-        self._lock = threading.Lock()
-
-    def new_session(self, prompt: list[int]) -> TargetSession:
-        if not prompt:
-            raise ValueError("the prompt must hold at least one token")
-        return TargetSession(committed=list(prompt), cache=_new_cache())
-
-    def score(self, session: TargetSession, drafts: list[int]) -> torch.Tensor:
-        """One forward pass over the uncached committed tokens and the drafts.
-
-        Returns the target's logits ``[gamma + 1, V]`` at the positions that predict ``d_1..d_gamma`` and the
-        token after them.
-        """
-        feed = session.committed[session.cached_len :] + drafts
-        with self._lock, torch.inference_mode():
-            logits = _forward(self.loaded.model, feed, session.cache)  # [T, V]
-        return logits[-(len(drafts) + 1) :]
-
-    def commit(self, session: TargetSession, accepted: int, tokens: list[int]) -> None:
-        """Record a verdict: crop the rejected drafts from the cache, append the committed tokens."""
-        # The cache now holds committed + all drafts; keep committed + the accepted drafts.
-        keep = len(session.committed) + accepted
-        with self._lock:
-            session.cache.crop(keep)
-        session.cached_len = keep
-        session.committed.extend(tokens)
-
-    def probs(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-        return logits_to_probs(logits, params)
-
-
 def autoregressive_reference(loaded: LoadedModel, prompt: list[int], max_new_tokens: int) -> list[int]:
     """Greedy decoding with the target alone through ``transformers``' own ``generate`` (tests' oracle)."""
     with torch.inference_mode():
         out = loaded.model.generate(
-            torch.tensor([prompt], dtype=torch.long),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            torch.tensor([prompt], dtype=torch.long, device=loaded.device),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=loaded.device),
             max_new_tokens=max_new_tokens,
             do_sample=False,
             eos_token_id=loaded.eos_token_id,

@@ -49,7 +49,24 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return probs
 
 
-def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+def probs_batch(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """:func:`logits_to_probs` for ``logits [B, T, V]`` with one row's params each, in one pass on the device."""
+    logits = logits.float()
+    device = logits.device
+    greedy = torch.tensor([p.greedy for p in params], device=device).view(-1, 1, 1)
+    temperature = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device).view(-1, 1, 1)
+    top_p = torch.tensor([p.top_p for p in params], device=device).view(-1, 1, 1)
+    shifted = logits - logits.max(dim=-1, keepdim=True).values
+    probs = torch.softmax(shifted / temperature, dim=-1)
+    if any(p.top_p < 1.0 and not p.greedy for p in params):
+        probs = torch.where(top_p < 1.0, _top_p_filter(probs, top_p), probs)
+    if any(p.greedy for p in params):
+        one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        probs = torch.where(greedy, one_hot, probs)
+    return probs
+
+
+def _top_p_filter(probs: torch.Tensor, top_p: float | torch.Tensor) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose mass reaches ``top_p``; renormalise."""
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of strictly more likely tokens
@@ -71,24 +88,24 @@ def truncate_top_k(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
 
 
 def dense_from_sparse(ids: torch.Tensor, q: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Scatter a top-k proposal ``(ids [G, k], q [G, k])`` into dense distributions ``[G, V]``.
+    """Scatter a top-k proposal ``(ids [..., k], q [..., k])`` into dense distributions ``[..., V]``.
 
     Padding entries (id < 0) carry probability 0 and are dropped.
     """
     valid = ids >= 0
-    dense = torch.zeros(ids.shape[0], vocab_size, dtype=torch.float32)
+    dense = torch.zeros(*ids.shape[:-1], vocab_size, dtype=torch.float32, device=ids.device)
     # Padding adds 0 at column 0, which leaves it as it is (scatter_add_, unlike scatter_, allows repeats).
-    return dense.scatter_add_(1, ids.clamp(min=0), q.float().masked_fill(~valid, 0.0))
+    return dense.scatter_add_(-1, ids.clamp(min=0), q.float().masked_fill(~valid, 0.0))
 
 
-def target_generator(seed: int) -> torch.Generator:
+def target_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
     """The target's random stream for a completion seeded with ``seed`` (acceptance draws, recovered, bonus)."""
-    return torch.Generator().manual_seed(seed)
+    return torch.Generator(device=device).manual_seed(seed)
 
 
-def draft_generator(seed: int) -> torch.Generator:
+def draft_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
     """The draft's random stream for the same completion: independent of the target's (see starsd.seeding)."""
-    return torch.Generator().manual_seed(draft_seed(seed))
+    return torch.Generator(device=device).manual_seed(draft_seed(seed))
 
 
 def draw_proposal(
@@ -104,15 +121,35 @@ def draw_proposal(
     return int(ids[sample(q, generator)]), ids, q
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """Draw one token id from ``probs [V]`` (the exponential race: ``argmax(p_i / E_i)``, ``E_i ~ Exp(1)``).
+def exponential_race(
+    shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device | None = None
+) -> torch.Tensor:
+    """``E_i ~ Exp(1)`` of ``shape``, each > 0: ``argmax(w_i / E_i)`` draws ``i`` with probability ``w_i / sum(w)``."""
+    race = torch.empty(shape, dtype=torch.float32, device=device).exponential_(generator=generator)
+    return race.clamp_(min=torch.finfo(torch.float32).tiny)  # an exact 0 would turn 0 / 0 into NaN
 
-    ``P(argmax = i) = p_i / sum(p)`` exactly, zero-probability tokens never win, and it costs one pass over V
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """Draw one token id from ``probs [V]`` (weights need not sum to 1) with the exponential race.
+
+    ``P(argmax = i) = p_i / sum(p)`` exactly, zero-weight tokens never win, and it costs one pass over V
     (``torch.multinomial`` costs several times more per call on the CPU).
     """
-    race = torch.empty(probs.shape, dtype=torch.float32).exponential_(generator=generator)
-    race.clamp_(min=torch.finfo(torch.float32).tiny)  # an exact 0 would turn 0 / 0 into NaN
+    race = exponential_race(tuple(probs.shape), generator, probs.device)
     return int((probs / race).argmax())
+
+
+def round_draws(
+    gamma: int, vocab_size: int, generator: torch.Generator | None, device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sampled round's random numbers, always drawn in this order: ``gamma`` acceptance uniforms, then one
+    exponential race over the vocabulary for the round's last token (recovered or bonus).
+
+    The reference :func:`verify` and the batched :func:`verify_batch` both draw exactly these, so one seed gives
+    one result whether a session is verified alone or in a batch.
+    """
+    uniforms = torch.rand(gamma, generator=generator, device=device)
+    return uniforms, exponential_race((vocab_size,), generator, device)
 
 
 def verify(
@@ -122,6 +159,8 @@ def verify(
     generator: torch.Generator | None = None,
 ) -> Verdict:
     """Accept a prefix of ``draft_tokens`` and add one target token (lossless speculative sampling).
+
+    The per-sequence reference: the servers verify with :func:`verify_batch`, which tests hold to this.
 
     draft_tokens: ``d_1..d_gamma`` (gamma may be 0: plain decoding, the bonus token only).
     draft_probs: ``q [gamma, V]``, the distributions the drafts were drawn from; ``None`` for greedy drafts,
@@ -133,6 +172,7 @@ def verify(
         raise ValueError(f"target_probs has {target_probs.shape[0]} rows, expected gamma + 1 = {gamma + 1}")
     if draft_probs is not None and draft_probs.shape[0] != gamma:
         raise ValueError(f"draft_probs has {draft_probs.shape[0]} rows, expected gamma = {gamma}")
+    uniforms, race = round_draws(gamma, target_probs.shape[-1], generator, target_probs.device)
     accepted: list[int] = []
     for i, d in enumerate(draft_tokens):
         p_i = target_probs[i]
@@ -141,20 +181,75 @@ def verify(
             q_i[d] = 1.0
         else:
             q_i = draft_probs[i].to(p_i.dtype)
-        p_d, q_d = float(p_i[d]), float(q_i[d])
-        if q_d <= 0.0:
+        if float(q_i[d]) <= 0.0:
             raise ValueError(f"draft token {d} at position {i + 1} has proposal probability 0")
-        # Accept with probability min(1, p/q); p >= q accepts without drawing (keeps greedy draw-free).
-        if p_d >= q_d or (p_d > 0.0 and _uniform(generator) < p_d / q_d):
+        # Accept with probability min(1, p/q): u < p/q, with u uniform in [0, 1) (the ratio in p's dtype).
+        if float(uniforms[i]) < float(p_i[d] / q_i[d]):
             accepted.append(d)
             continue
-        residual = torch.clamp(p_i - q_i, min=0.0)
-        mass = float(residual.sum())
-        # mass == 0 only if p == q up to rounding, where rejection has probability ~0; fall back to p.
-        recovered = sample(residual / mass if mass > 0.0 else p_i, generator)
-        return Verdict(accepted=len(accepted), tokens=[*accepted, recovered])
+        residual = torch.clamp(p_i - q_i, min=0.0)  # norm(max(p - q, 0)); the race needs no normalising
+        # An empty residual means p == q up to rounding, where rejection has probability ~0: fall back to p.
+        weights = residual if float(residual.sum()) > 0.0 else p_i
+        return Verdict(accepted=len(accepted), tokens=[*accepted, int((weights / race).argmax())])
     bonus = target_probs[gamma]
-    return Verdict(accepted=gamma, tokens=[*accepted, sample(bonus, generator)])
+    return Verdict(accepted=gamma, tokens=[*accepted, int((bonus / race).argmax())])
+
+
+def step_draws(
+    gammas: list[int], width: int, vocab_size: int, generators: list[torch.Generator | None], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uniforms ``[B, width]`` and races ``[B, V]`` for a batched step: each sampled row's own
+    :func:`round_draws` from its own generator; greedy rows (generator None) get 0 and 1 (nothing random)."""
+    uniforms = torch.zeros(len(gammas), width, device=device)
+    races = torch.ones(len(gammas), vocab_size, device=device)
+    for b, (gamma, gen) in enumerate(zip(gammas, generators, strict=True)):
+        if gen is not None:
+            u, race = round_draws(gamma, vocab_size, gen, device)
+            uniforms[b, :gamma] = u
+            races[b] = race
+    return uniforms, races
+
+
+@dataclass(frozen=True)
+class BatchVerdict:
+    """The outcome of one verified step for B sequences, as tensors on the model's device."""
+
+    accepted: torch.Tensor  # [B] l per row
+    last: torch.Tensor  # [B] the recovered or bonus token of each row
+
+
+def verify_batch(
+    drafts: torch.Tensor,
+    gammas: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    uniforms: torch.Tensor,
+    races: torch.Tensor,
+) -> BatchVerdict:
+    """:func:`verify` for B sequences at once, as tensor operations on the model's device (no host sync).
+
+    drafts ``[B, G]`` (rows padded past their own gamma), gammas ``[B]``, draft_probs ``q [B, G, V]`` (one-hot
+    rows for greedy drafts), target_probs ``p [B, G + 1, V]``, uniforms ``[B, G]`` and races ``[B, V]`` from
+    :func:`round_draws` per row (greedy rows: uniforms 0 and races 1, so nothing random happens to them: a
+    one-hot ``p`` accepts exactly the drafts equal to its argmax, and its residual is its argmax).
+    """
+    batch, width = drafts.shape
+    positions = torch.arange(width, device=drafts.device)
+    live = positions.unsqueeze(0) < gammas.unsqueeze(1)  # [B, G]: positions within each row's gamma
+    index = drafts.unsqueeze(-1)  # [B, G, 1]
+    p_d = target_probs[:, :width].gather(-1, index).squeeze(-1)  # [B, G]
+    q_d = draft_probs.gather(-1, index).squeeze(-1)  # [B, G]
+    ok = (uniforms < p_d / q_d) & live
+    accepted = ok.long().cumprod(dim=-1).sum(dim=-1)  # [B]: l, the accepted prefix
+    rows = torch.arange(batch, device=drafts.device)
+    p_l = target_probs[rows, accepted]  # [B, V]: the rejected position's p, or the bonus position's
+    rejected = accepted < gammas
+    q_l = draft_probs[rows, accepted.clamp(max=max(width - 1, 0))] if width else torch.zeros_like(p_l)
+    q_l = q_l * rejected.unsqueeze(-1)  # no q at the bonus position
+    residual = torch.clamp(p_l - q_l, min=0.0)
+    empty = residual.sum(dim=-1, keepdim=True) <= 0.0
+    weights = torch.where(empty, p_l, residual)
+    return BatchVerdict(accepted=accepted, last=(weights / races).argmax(dim=-1))
 
 
 def verify_greedy(draft_tokens: list[int], target_argmax: list[int]) -> Verdict:
@@ -168,7 +263,3 @@ def verify_greedy(draft_tokens: list[int], target_argmax: list[int]) -> Verdict:
     while accepted < len(draft_tokens) and draft_tokens[accepted] == target_argmax[accepted]:
         accepted += 1
     return Verdict(accepted=accepted, tokens=[*draft_tokens[:accepted], target_argmax[accepted]])
-
-
-def _uniform(generator: torch.Generator | None) -> float:
-    return float(torch.rand((), generator=generator))

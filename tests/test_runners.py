@@ -10,12 +10,12 @@ import torch
 from starsd.runners import (
     DraftRunner,
     ModelLoadError,
-    TargetRunner,
     autoregressive_reference,
     check_same_vocabulary,
     load_checkpoint,
 )
-from starsd.sampling import SamplingParams, verify_greedy
+from starsd.sampling import SamplingParams
+from starsd.target.batching import StepRow, TargetRunner
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -51,9 +51,7 @@ def test_target_verification_rounds_reproduce_plain_greedy_decoding(random_pair:
     new = list(prompt)
     while len(out) < 20:
         drafts = proposer.propose(state, new, 3, GREEDY, 8).token_ids
-        logits = runner.score(session, drafts)
-        verdict = verify_greedy(drafts, logits.argmax(-1).tolist())
-        runner.commit(session, verdict.accepted, verdict.tokens)
+        (verdict,) = runner.step([StepRow(session, drafts, GREEDY)])
         out.extend(verdict.tokens)
         new = verdict.tokens
         assert verdict.accepted == len(drafts)
@@ -73,8 +71,7 @@ def test_rejected_drafts_are_cropped_from_both_caches(random_pair: tuple[Path, P
     while len(out) < 16:
         drafts = proposer.propose(state, new, 4, GREEDY, 8).token_ids
         drafts = [(d + 1) % target.vocab_size for d in drafts]  # force rejections
-        verdict = verify_greedy(drafts, runner.score(session, drafts).argmax(-1).tolist())
-        runner.commit(session, verdict.accepted, verdict.tokens)
+        (verdict,) = runner.step([StepRow(session, drafts, GREEDY)])
         out.extend(verdict.tokens)
         new = verdict.tokens
     assert out[:16] == reference[:16]
@@ -165,3 +162,38 @@ def test_a_batch_mixes_new_sessions_with_long_cached_ones(random_pair: tuple[Pat
     # Afterwards each session drafts alone from the cache the batch handed back.
     for a, b in zip(alone, batched, strict=True):
         assert proposer.propose(a, [7], 4, GREEDY, 8).token_ids == proposer.propose(b, [7], 4, GREEDY, 8).token_ids
+
+
+def test_a_batched_step_of_ragged_sessions_matches_each_session_alone(random_pair: tuple[Path, Path]) -> None:
+    """Sessions of different lengths, prefill chunks, decodes and wrong drafts in one step: greedy output is
+    each prompt's plain greedy decoding, whatever else shares the step."""
+    draft, target = (load_checkpoint(p) for p in random_pair)
+    prompts = [[5, 17, 42], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9], [7], list(range(10, 60))]
+    references = [autoregressive_reference(target, p, 12) for p in prompts]
+    runner, proposer = TargetRunner(target), DraftRunner(draft)
+    sessions = [runner.new_session(p) for p in prompts]
+    states = [proposer.new_state(None) for _ in prompts]
+    news = [list(p) for p in prompts]
+    outs: list[list[int]] = [[] for _ in prompts]
+    # The longest prompt first goes in two prefill chunks (alone, then beside the others' first rounds).
+    runner.step([StepRow(sessions[3], prefill=20)])
+    for step in range(14):
+        rows = []
+        for i, s in enumerate(sessions):
+            if len(outs[i]) >= 12:
+                continue
+            if i == 3 and step == 0:
+                rows.append(StepRow(s, prefill=20))
+                continue
+            drafts = proposer.propose(states[i], news[i], 1 + (i + step) % 4, GREEDY, 8).token_ids
+            if (i + step) % 3 == 0:
+                drafts = [(d + 1) % target.vocab_size for d in drafts]
+            rows.append(StepRow(s, drafts, GREEDY))
+            news[i] = []
+        for row, outcome in zip(rows, runner.step(rows), strict=True):
+            i = sessions.index(row.session)
+            if row.verify:
+                outs[i].extend(outcome.tokens)
+                news[i] = outcome.tokens
+    for out, reference in zip(outs, references, strict=True):
+        assert out[:12] == reference[:12]

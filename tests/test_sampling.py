@@ -136,3 +136,60 @@ def test_verify_refuses_mismatched_shapes_and_impossible_drafts() -> None:
     q[0, 0] = 1.0
     with pytest.raises(ValueError, match="probability 0"):
         verify([3], q, p)
+
+
+def test_the_batched_verifier_returns_the_reference_tokens_for_the_same_seeds() -> None:
+    """verify_batch over ragged rows (mixed gamma, greedy and sampled) equals verify row by row, seed for seed."""
+    from starsd.sampling import probs_batch, step_draws, verify_batch
+
+    gen = torch.Generator().manual_seed(21)
+    vocab, width, rows = 12, 4, 300
+    params = [
+        SamplingParams(temperature=0.0)
+        if b % 5 == 0
+        else SamplingParams(temperature=0.5 + (b % 3) * 0.4, top_p=0.9 if b % 2 else 1.0)
+        for b in range(rows)
+    ]
+    gammas = [b % (width + 1) for b in range(rows)]
+    target_logits = torch.randn(rows, width + 1, vocab, generator=gen) * 2.0
+    target_probs = probs_batch(target_logits, params)
+    draft_probs = torch.softmax(torch.randn(rows, width, vocab, generator=gen) * 2.0, dim=-1)
+    drafts = torch.zeros(rows, width, dtype=torch.long)
+    for b in range(rows):
+        for i in range(gammas[b]):
+            if params[b].greedy:  # a greedy draft is deterministic: one-hot q at the drafted token
+                drafts[b, i] = int(torch.randint(vocab, (), generator=gen))
+                draft_probs[b, i] = torch.nn.functional.one_hot(drafts[b, i], vocab).float()
+            else:
+                drafts[b, i] = int(torch.multinomial(draft_probs[b, i], 1, generator=gen))
+    seeds = [1000 + b for b in range(rows)]
+    generators = [None if p.greedy else torch.Generator().manual_seed(s) for p, s in zip(params, seeds, strict=True)]
+    uniforms, races = step_draws(gammas, width, vocab, generators, torch.device("cpu"))
+    batch = verify_batch(drafts, torch.tensor(gammas), draft_probs, target_probs, uniforms, races)
+    for b in range(rows):
+        g = gammas[b]
+        row_drafts = drafts[b, :g].tolist()
+        if params[b].greedy:
+            expected = verify_greedy(row_drafts, target_logits[b, : g + 1].argmax(-1).tolist())
+        else:
+            row_gen = torch.Generator().manual_seed(seeds[b])
+            expected = verify(row_drafts, draft_probs[b, :g], target_probs[b, : g + 1], row_gen)
+        assert int(batch.accepted[b]) == expected.accepted, b
+        assert [*row_drafts[: expected.accepted], int(batch.last[b])] == expected.tokens, b
+
+
+def test_batched_probabilities_equal_the_per_row_ones() -> None:
+    from starsd.sampling import probs_batch
+
+    logits = torch.randn(6, 3, V, generator=torch.Generator().manual_seed(4)) * 3
+    params = [
+        SamplingParams(0.0),
+        SamplingParams(1.0),
+        SamplingParams(0.7, 0.8),
+        SamplingParams(1e-7),
+        SamplingParams(1.3, 0.5),
+        SamplingParams(2.0),
+    ]
+    batched = probs_batch(logits, params)
+    for b, p in enumerate(params):
+        assert torch.allclose(batched[b], logits_to_probs(logits[b], p), atol=1e-6), b

@@ -2,8 +2,9 @@
 
 These tests run the servers' own seeding path: the target's generator from :func:`target_generator`, the draft's
 from :func:`draft_generator` (what ``DraftRunner.new_state`` uses), the draft's draw through
-:func:`draw_proposal` (what the draft's runner calls), and the target's verdict through :func:`verify` on the
-densified proposal, as the target's engine does, one fresh pair of generators per request seed.
+:func:`draw_proposal` (what the draft's runner calls), and the target's verdict through :func:`verify_batch` on
+the densified proposals with each row's draws from :func:`step_draws`, as the target's engine does, one fresh
+pair of generators per request seed.
 
 Power: with ``SEEDS`` = 200,000 per pair, a 5 % relative bias on a token of probability 0.05 moves its count
 by 500, 5.1 standard deviations; the check fails at 4 (any token, any pair), so it catches such a bias with
@@ -24,14 +25,16 @@ from starsd.sampling import (
     draft_generator,
     draw_proposal,
     logits_to_probs,
+    step_draws,
     target_generator,
-    verify,
+    verify_batch,
 )
 from starsd.seeding import SEED_BITS, draft_seed, request_seed
 from tests.stats import chi2_critical, chi2_statistic
 
 SEEDS = 200_000
 MAX_Z = 4.0
+CHUNK = 4096  # requests verified in one batched step
 
 # (target p, draft q, temperature, top_k): the issue's strongly disagreeing pair, a draft that piles its mass
 # on the target's least likely tokens, and a milder pair under temperature and top-k truncation.
@@ -43,18 +46,36 @@ PAIRS = [
 
 
 def first_tokens(p: list[float], q: list[float], temperature: float, top_k: int, seeds: range) -> list[int]:
-    """The first committed token of one gamma = 1 round per request seed, through the servers' seeding path."""
+    """The first committed token of one gamma = 1 round per request seed, through the servers' seeding path:
+    the draft draws with its own generator, the target verifies every request of a chunk in one batched step."""
     params = SamplingParams(temperature=temperature)
     vocab = len(p)
     target_probs = logits_to_probs(torch.tensor([p, p]).log(), params)  # [gamma + 1, V]
     draft_logits = torch.tensor(q).log()
     counts = [0] * vocab
-    for seed in seeds:
-        target_gen, draft_gen = target_generator(seed), draft_generator(seed)
-        d, ids, qk = draw_proposal(draft_logits, params, top_k, draft_gen)
-        assert ids is not None and qk is not None
-        dense_q = dense_from_sparse(ids.unsqueeze(0), qk.unsqueeze(0), vocab)
-        counts[verify([d], dense_q, target_probs, target_gen).tokens[0]] += 1
+    for start in range(seeds.start, seeds.stop, CHUNK):
+        chunk = range(start, min(start + CHUNK, seeds.stop))
+        drafts, supports, q_probs = [], [], []
+        for seed in chunk:
+            d, ids, qk = draw_proposal(draft_logits, params, top_k, draft_generator(seed))
+            assert ids is not None and qk is not None
+            drafts.append([d])
+            supports.append(ids)
+            q_probs.append(qk)
+        dense = dense_from_sparse(torch.stack(supports), torch.stack(q_probs), vocab).unsqueeze(1)  # [B, 1, V]
+        gammas = [1] * len(chunk)
+        uniforms, races = step_draws(gammas, 1, vocab, [target_generator(s) for s in chunk], torch.device("cpu"))
+        verdict = verify_batch(
+            torch.tensor(drafts),
+            torch.tensor(gammas),
+            dense,
+            target_probs.expand(len(chunk), -1, -1),
+            uniforms,
+            races,
+        )
+        first = torch.where(verdict.accepted > 0, torch.tensor(drafts)[:, 0], verdict.last)
+        for token, n in enumerate(torch.bincount(first, minlength=vocab).tolist()):
+            counts[token] += n
     return counts
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from pathlib import Path
@@ -31,3 +32,33 @@ def positive_float(text: str) -> float:
     if value <= 0:
         raise ValueError(f"{text} is not > 0")
     return value
+
+
+def add_placement_args(parser: argparse.ArgumentParser) -> None:
+    """``--device`` and ``--dtype`` (see starsd.devices), the same on every command that loads a model."""
+    from starsd.devices import DEVICE_CHOICES, DTYPES
+
+    parser.add_argument(
+        "--device",
+        default="auto",
+        metavar="DEVICE",
+        help=f"where the model runs: {DEVICE_CHOICES} (default auto: CUDA when a GPU is visible, else the CPU)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPES,
+        help="the model's precision (default auto: bfloat16 on CUDA, float32 on the CPU)",
+    )
+
+
+def placement_error(args: argparse.Namespace) -> str | None:
+    """The first problem with ``--device``/``--dtype``, or None (checked before any model is loaded)."""
+    from starsd.devices import check_device, check_dtype
+
+    try:
+        check_device(args.device)
+        check_dtype(args.dtype)
+    except ValueError as exc:
+        return str(exc)
+    return None

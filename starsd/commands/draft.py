@@ -6,7 +6,9 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from starsd.commands._common import fail
+from starsd.commands._common import add_placement_args, fail, placement_error
+
+MODEL_MAX_BATCH = 8  # a real draft batches by default: 8 requests per step cost about twice one (measured)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +21,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=9090,
         help="HTTP port for /v1/load, /metrics, /healthz (default 9090)",
     )
-    parser.add_argument("--max-batch", type=int, default=1, help="requests drafted together per step (default 1)")
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        help=f"requests drafted together per step (default {MODEL_MAX_BATCH} with --model; 1 when emulating "
+        "without --batch-curve)",
+    )
     parser.add_argument(
         "--schedule",
         choices=("fifo", "fair"),
@@ -42,6 +50,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "interpreter lock (default; --no-model-process keeps it in the server's process)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: $STARSD_TORCH_THREADS or 1)")
+    add_placement_args(parser)
     parser.add_argument("--tls-cert", type=Path, help="PEM certificate: serve gRPC over TLS (with --tls-key)")
     parser.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
     emu = parser.add_argument_group("emulation (benchmarks: no model, a fixed service time)")
@@ -68,19 +77,23 @@ def run(args: argparse.Namespace) -> int:
         return fail("give exactly one of --model PATH or --emulate-service-time SECONDS")
     if bool(args.tls_cert) != bool(args.tls_key):
         return fail("--tls-cert and --tls-key go together")
+    if args.max_batch is None:
+        args.max_batch = MODEL_MAX_BATCH if args.model is not None or args.batch_curve else 1
     if args.max_batch < 1 or args.max_gamma < 1 or args.max_sessions < 1:
         return fail("--max-batch, --max-gamma and --max-sessions must be >= 1")
+    if (problem := placement_error(args)) is not None:
+        return fail(problem)
     proposer: Proposer
     try:
         if args.model is not None and args.model_process:
             from starsd.draft.model_process import ProcessProposer
 
-            proposer = ProcessProposer(args.model, args.threads)
+            proposer = ProcessProposer(args.model, args.threads, device=args.device, dtype=args.dtype)
         elif args.model is not None:
             from starsd.runners import load_checkpoint, set_threads
 
             set_threads(args.threads)
-            proposer = ModelProposer(load_checkpoint(args.model))
+            proposer = ModelProposer(load_checkpoint(args.model, args.device, args.dtype))
         else:
             curve = parse_batch_curve(args.batch_curve) if args.batch_curve else None
             proposer = EmulatedProposer(args.emulate_service_time, args.vocab_size, curve, args.emulate_token_time)

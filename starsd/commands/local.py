@@ -7,7 +7,7 @@ import signal
 import threading
 from pathlib import Path
 
-from starsd.commands._common import fail
+from starsd.commands._common import add_placement_args, fail, placement_error
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -17,6 +17,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target-model", type=Path, help="target checkpoint (default: the shipped models/target)")
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
     parser.add_argument("--log-dir", type=Path, help="where the processes' logs go (default: a temporary folder)")
+    add_placement_args(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -24,6 +25,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.targets < 1 or not 1 <= args.gamma <= 16:
         return fail("--targets must be >= 1 and --gamma in 1..16")
+    if (problem := placement_error(args)) is not None:
+        return fail(problem)
     star = LocalStar(
         draft_model=args.draft_model,
         target_model=args.target_model,
@@ -31,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
         gamma=args.gamma,
         host=args.host,
         log_dir=args.log_dir,
+        device=args.device,
+        dtype=args.dtype,
     )
     print(f"starting 1 draft and {args.targets} targets (logs in {star.log_dir}) ...", flush=True)
     try:

@@ -9,7 +9,7 @@ import signal
 import socket
 from pathlib import Path
 
-from starsd.commands._common import fail
+from starsd.commands._common import add_placement_args, fail, placement_error
 
 log = logging.getLogger("starsd.target")
 
@@ -33,20 +33,49 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--draft-timeout",
         type=float,
         default=2.0,
-        help="seconds a round waits for the draft before decoding alone",
+        help="seconds a round waits for the draft before decoding alone (default 2)",
     )
     parser.add_argument(
         "--draft-check-timeout",
         type=float,
         default=5.0,
-        help="seconds to wait for the draft's vocabulary check",
+        help="seconds to wait for the draft's vocabulary check (default 5)",
     )
-    parser.add_argument("--max-concurrency", type=int, default=64, help="completions at once; more get 429")
-    parser.add_argument("--max-tokens-cap", type=int, default=4096, help="largest max_tokens accepted")
+    batching = parser.add_argument_group("batching (continuous: one forward pass per step over every ready session)")
+    batching.add_argument(
+        "--max-num-seqs", type=int, default=64, help="completions running at once, and rows of one step (default 64)"
+    )
+    batching.add_argument(
+        "--kv-cache-tokens",
+        type=int,
+        default=None,
+        help="key/value cache budget in tokens; each running completion reserves prompt + max_tokens + gamma "
+        "(default: --max-num-seqs full contexts on the CPU; on CUDA, what --gpu-memory-fraction leaves)",
+    )
+    batching.add_argument(
+        "--gpu-memory-fraction",
+        type=float,
+        default=0.9,
+        help="CUDA only: the share of the GPU's memory the weights and the key/value cache may use (default 0.9)",
+    )
+    batching.add_argument(
+        "--max-prefill-tokens",
+        type=int,
+        default=512,
+        help="prompt tokens fed per session and step; longer prompts are prefilled in chunks (default 512)",
+    )
+    parser.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=256,
+        help="completions accepted at once, running or waiting for a slot; more get 429 (default 256)",
+    )
+    parser.add_argument("--max-tokens-cap", type=int, default=4096, help="largest max_tokens accepted (default 4096)")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
     parser.add_argument("--top-k", type=int, default=8, help="support of sampled proposals (default 8)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: $STARSD_TORCH_THREADS or 1)")
     parser.add_argument("--draft-tls-ca", type=Path, help="PEM CA bundle: reach the draft over TLS")
+    add_placement_args(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,9 +85,15 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"--gamma must be in 1..16, got {args.gamma}")
     if args.max_concurrency < 1 or args.max_tokens_cap < 1:
         return fail("--max-concurrency and --max-tokens-cap must be >= 1")
+    if args.max_num_seqs < 1 or args.max_prefill_tokens < 1 or (args.kv_cache_tokens or 1) < 1:
+        return fail("--max-num-seqs, --max-prefill-tokens and --kv-cache-tokens must be >= 1")
+    if not 0 < args.gpu_memory_fraction <= 1:
+        return fail(f"--gpu-memory-fraction must be in (0, 1], got {args.gpu_memory_fraction}")
+    if (problem := placement_error(args)) is not None:
+        return fail(problem)
     set_threads(args.threads)
     try:
-        loaded = load_checkpoint(args.model)
+        loaded = load_checkpoint(args.model, args.device, args.dtype)
     except ModelLoadError as exc:
         return fail(str(exc))
     try:
@@ -78,7 +113,8 @@ async def _serve(args: argparse.Namespace, loaded: object) -> int:
         VocabularyMismatch,
         check_draft_info,
     )
-    from starsd.target.engine import TargetEngine
+    from starsd.target.engine import BatchOptions, TargetEngine
+    from starsd.target.memory import kv_budget_tokens
     from starsd.target.server import TargetApp, TargetServerOptions
 
     assert isinstance(loaded, LoadedModel)
@@ -97,7 +133,9 @@ async def _serve(args: argparse.Namespace, loaded: object) -> int:
                 exc.code().name,
             )
         client.start()
-    engine = TargetEngine(loaded, client, gamma=args.gamma, adaptive_gamma=args.adaptive_gamma)
+    kv_tokens = args.kv_cache_tokens or kv_budget_tokens(loaded, args.max_num_seqs, args.gpu_memory_fraction)
+    batching = BatchOptions(args.max_num_seqs, kv_tokens, args.max_prefill_tokens)
+    engine = TargetEngine(loaded, client, gamma=args.gamma, adaptive_gamma=args.adaptive_gamma, batching=batching)
     app = TargetApp(
         engine,
         TargetServerOptions(
@@ -113,13 +151,17 @@ async def _serve(args: argparse.Namespace, loaded: object) -> int:
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
     log.info(
-        "target %r serving model %r on http://%s:%d (draft %s, gamma %d)",
+        "target %r serving model %r on %s on http://%s:%d (draft %s, gamma %d, up to %d sessions per step, "
+        "key/value budget %d tokens)",
         args.id,
         app.options.served_model,
+        loaded.placement.describe(),
         args.host,
         args.port,
         args.draft or "none",
         args.gamma,
+        args.max_num_seqs,
+        engine.budget.kv_tokens,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -46,12 +46,22 @@ class RemoteState:
 class ProcessProposer:
     """A :class:`~starsd.draft.proposers.Proposer` whose model runs in a child process."""
 
-    def __init__(self, model: str | Path, threads: int | None = None, start_timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        model: str | Path,
+        threads: int | None = None,
+        start_timeout: float = 600.0,
+        device: str = "cpu",
+        dtype: str = "float32",
+    ) -> None:
         checkpoint_dir(model)  # a wrong path is reported at once, before a process is started for it
         ctx = multiprocessing.get_context("spawn")  # no fork: the parent's threads and locks stay behind
         self._conn, child = ctx.Pipe()
         self._process = ctx.Process(
-            target=worker_main, args=(child, str(model), threads), name="starsd-draft-model", daemon=True
+            target=worker_main,
+            args=(child, str(model), threads, device, dtype),
+            name="starsd-draft-model",
+            daemon=True,
         )
         self._process.start()
         child.close()
@@ -129,19 +139,23 @@ class ProcessProposer:
         self._conn.close()
 
 
-def worker_main(conn: Connection, model: str, threads: int | None) -> None:
+def worker_main(conn: Connection, model: str, threads: int | None, device: str = "cpu", dtype: str = "float32") -> None:
     """The model process: load the checkpoint, then answer batches until told to stop or the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server shuts us down
+    from starsd.draft.proposers import proposer_info
     from starsd.runners import DraftRequest, DraftRunner, load_checkpoint, set_threads
 
     set_threads(threads)
     try:
-        loaded = load_checkpoint(model)
+        loaded = load_checkpoint(model, device, dtype)
     except ModelLoadError as exc:
         conn.send(("error", str(exc)))
         return
     runner = DraftRunner(loaded)
-    conn.send(("ready", (loaded.name, loaded.vocab_size, loaded.fingerprint, loaded.max_context)))
+    info = proposer_info(loaded)
+    conn.send(
+        ("ready", (info.model_name, info.vocab_size, info.vocab_fingerprint, info.max_context, info.device, info.dtype))
+    )
     states: dict[int, Any] = {}
     while True:
         try:

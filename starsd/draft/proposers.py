@@ -22,6 +22,13 @@ class ProposerInfo:
     vocab_size: int
     vocab_fingerprint: str
     max_context: int
+    device: str = "cpu"  # where the model runs, and in which dtype (reported on /v1/load and at start)
+    dtype: str = "float32"
+
+
+def proposer_info(loaded: LoadedModel) -> ProposerInfo:
+    device, _, dtype = loaded.placement.describe().partition(" ")
+    return ProposerInfo(loaded.name, loaded.vocab_size, loaded.fingerprint, loaded.max_context, device, dtype)
 
 
 class ProposerFailed(RuntimeError):
@@ -48,7 +55,7 @@ class ModelProposer:
         from starsd.runners import DraftRunner  # torch: only where the model runs in this process
 
         self.runner = DraftRunner(loaded)
-        self.info = ProposerInfo(loaded.name, loaded.vocab_size, loaded.fingerprint, loaded.max_context)
+        self.info = proposer_info(loaded)
 
     def new_state(self, seed: int | None) -> Any:
         return self.runner.new_state(seed)
@@ -115,7 +122,7 @@ class EmulatedProposer:
             raise ValueError("the emulated service and token times must be >= 0")
         self.curve = batch_curve or {1: service_time}
         self.token_time = token_time
-        self.info = ProposerInfo("emulated", vocab_size, "emulated", 1 << 20)
+        self.info = ProposerInfo("emulated", vocab_size, "emulated", 1 << 20, device="emulated", dtype="emulated")
 
     def new_state(self, seed: int | None) -> Any:
         return None

@@ -41,7 +41,8 @@ def build_metrics_app(core: DraftCore) -> web.Application:
 
     async def load(_: web.Request) -> web.Response:
         snap = core.load.snapshot(targets=len(core.streams), queue_depth=len(core.buffer))
-        return web.json_response(snap.to_json())
+        info = core.proposer.info
+        return web.json_response({**snap.to_json(), "device": info.device, "dtype": info.dtype})
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(core.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -103,8 +104,10 @@ class DraftServer:
         self._sweeper = asyncio.create_task(self._sweep_forever())
         info = self.core.proposer.info
         log.info(
-            "draft %r serving gRPC on %s:%d (metrics on %d), vocab %d, max batch %d, schedule %s",
+            "draft %r on %s %s serving gRPC on %s:%d (metrics on %d), vocab %d, max batch %d, schedule %s",
             info.model_name,
+            info.device,
+            info.dtype,
             opts.host,
             self.grpc_port,
             self.metrics_port,

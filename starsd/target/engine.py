@@ -1,12 +1,12 @@
-"""The target's generation loop: ask the draft, verify in one forward pass, commit ``l + 1`` tokens.
+"""The target's generation loop: ask the draft, verify in a batched step, commit ``l + 1`` tokens.
 
-Many completions run concurrently on one event loop; model work runs on one worker thread, so one
-completion's verification overlaps other completions' round trips to the draft (pipelining).
+Many completions run concurrently on one event loop. Each one's rounds go to the :class:`StepScheduler`, which
+verifies every ready session in one forward pass on the model thread (continuous batching), while the others
+wait for their drafts: one completion's verification overlaps other completions' round trips (pipelining).
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -14,11 +14,22 @@ from dataclasses import dataclass, field
 
 import torch
 
-from starsd.runners import LoadedModel, TargetRunner, TargetSession
-from starsd.sampling import SamplingParams, Verdict, dense_from_sparse, target_generator, verify, verify_greedy
+from starsd.runners import LoadedModel
+from starsd.sampling import SamplingParams, target_generator
 from starsd.seeding import request_seed
+from starsd.target.batching import RowOutcome, StepRow, TargetRunner, TargetSession
 from starsd.target.draft_client import DraftClient, DraftLink, DraftProposal
 from starsd.target.metrics import TargetMetrics
+from starsd.target.scheduler import KvBudget, StepScheduler
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """How much one target runs at once (see starsd.target.scheduler)."""
+
+    max_num_seqs: int = 64  # sessions in one step, and completions running at once
+    kv_cache_tokens: int | None = None  # key/value tokens reserved at most; None: max_num_seqs * context
+    max_prefill_tokens: int = 512  # prompt tokens fed per session and step (longer prompts go in chunks)
 
 
 @dataclass
@@ -40,19 +51,12 @@ class GenerationStats:
         }
 
 
-@dataclass
-class Round:
-    verdict: Verdict
-    drafted: int
-    verify_seconds: float
-
-
 # Given the tokens generated before a round and the round's tokens, how many of the round's tokens to keep
 # because a stop sequence ends within them (None: no stop sequence ends there).
 StopCheck = Callable[[list[int], list[int]], int | None]
 
 
-def kept_counts(verdict: Verdict, drafted: int, keep: int) -> tuple[int, int]:
+def kept_counts(verdict: RowOutcome, drafted: int, keep: int) -> tuple[int, int]:
     """(drafted, accepted) of a round of which only the first ``keep`` tokens count (EOS or a stop inside it).
 
     The round's tokens are the accepted drafts then one target token; drafts past the cut were never needed,
@@ -70,38 +74,48 @@ class TargetEngine:
     gamma: int = 4  # tokens drafted per round; with adaptive_gamma, the most a round asks for
     adaptive_gamma: bool = False
     metrics: TargetMetrics = field(default_factory=TargetMetrics)
+    batching: BatchOptions = field(default_factory=BatchOptions)
 
     def __post_init__(self) -> None:
         self.runner = TargetRunner(self.loaded)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="target-model")
+        b = self.batching
+        kv_tokens = b.kv_cache_tokens or b.max_num_seqs * (self.loaded.max_context + self.gamma)
+        self.budget = KvBudget(b.max_num_seqs, kv_tokens)
+        step_tokens = b.max_prefill_tokens + b.max_num_seqs * (self.gamma + 1)
+        self.scheduler: StepScheduler[StepRow, RowOutcome] = StepScheduler(
+            self.runner.step, self.executor, b.max_num_seqs, step_tokens, self._stepped
+        )
+        self.step_seconds = 0.0  # the last step's time: the verify time reported to the draft
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
-    def _round(
-        self,
+    def reservation(self, prompt_tokens: int, max_tokens: int) -> int:
+        """Key/value tokens a completion reserves while it runs (its longest possible cache, drafts included)."""
+        return prompt_tokens + max_tokens + self.gamma
+
+    def _stepped(self, rows: int, seconds: float) -> None:
+        self.step_seconds = seconds
+        self.metrics.step_rows.observe(rows)
+        self.metrics.verify_seconds.observe(seconds)
+        self.metrics.running.set(self.budget.running)
+        self.metrics.waiting.set(self.budget.waiting)
+
+    @staticmethod
+    def _row(
         session: TargetSession,
         proposal: DraftProposal | None,
         gamma: int,
         params: SamplingParams,
         generator: torch.Generator | None,
-    ) -> Round:
-        """One verify step on the model thread: score, decide, commit."""
-        drafts = proposal.token_ids[:gamma] if proposal else []
-        start = time.perf_counter()
-        logits = self.runner.score(session, drafts)  # [len(drafts) + 1, V]
-        if params.greedy:
-            verdict = verify_greedy(drafts, logits.argmax(dim=-1).tolist())
-        else:
-            q = None
-            if drafts:
-                assert proposal is not None
-                ids = torch.tensor(proposal.q_ids[: len(drafts)], dtype=torch.long)
-                probs = torch.tensor(proposal.q_probs[: len(drafts)], dtype=torch.float32)
-                q = dense_from_sparse(ids, probs, logits.shape[-1])
-            verdict = verify(drafts, q, self.runner.probs(logits, params), generator)
-        self.runner.commit(session, verdict.accepted, verdict.tokens)
-        return Round(verdict, len(drafts), time.perf_counter() - start)
+    ) -> StepRow:
+        """A verification row: the proposal's first ``gamma`` drafts, or none (the round decodes alone)."""
+        if proposal is None:
+            return StepRow(session, [], params, generator)
+        drafts = proposal.token_ids[:gamma]
+        n = len(drafts)
+        return StepRow(session, drafts, params, generator, q_ids=proposal.q_ids[:n], q_probs=proposal.q_probs[:n])
 
     async def generate(
         self,
@@ -111,37 +125,45 @@ class TargetEngine:
         stats: GenerationStats,
         stop: StopCheck | None = None,
     ) -> AsyncGenerator[list[int], None]:
-        """Yield the tokens committed by each round (EOS excluded) until ``max_tokens``, EOS or a stop sequence."""
-        loop = asyncio.get_running_loop()
-        session = self.runner.new_session(prompt)
-        seed = request_seed(params.seed)
-        generator = None if params.greedy else target_generator(seed)
-        link = DraftLink(self.draft, params, seed) if self.draft else None
-        eos = self.loaded.eos_token_id
-        verify_seconds = 0.0
+        """Yield the tokens committed by each round (EOS excluded) until ``max_tokens``, EOS or a stop sequence.
+
+        Raises :class:`starsd.target.scheduler.BudgetExceeded` before anything runs if the completion can never
+        fit this target's key/value budget.
+        """
+        reserved = self.reservation(len(prompt), max_tokens)
+        await self.budget.acquire(reserved)
+        self.metrics.running.set(self.budget.running)
+        link = None
         try:
+            session = self.runner.new_session(prompt)
+            seed = request_seed(params.seed)
+            generator = None if params.greedy else target_generator(seed, self.loaded.device)
+            link = DraftLink(self.draft, params, seed) if self.draft else None
+            eos = self.loaded.eos_token_id
+            chunk = self.batching.max_prefill_tokens
+            while session.uncached > chunk:  # a long prompt: all but its last chunk, a chunk per step
+                await self.scheduler.run(StepRow(session, prefill=chunk), cost=chunk)
             while stats.generated_tokens < max_tokens:
                 remaining = max_tokens - stats.generated_tokens
                 gamma = self.gamma
                 if self.adaptive_gamma and link is not None:
-                    gamma = link.next_gamma(self.gamma, verify_seconds)
+                    gamma = link.next_gamma(self.gamma, self.step_seconds)
                 gamma = min(gamma, remaining - 1)  # a round commits up to gamma + 1 tokens
                 proposal = None
                 if link is not None and gamma > 0:
                     sent = time.perf_counter()
-                    proposal = await link.propose(session.committed, gamma, verify_seconds)
+                    proposal = await link.propose(session.committed, gamma, self.step_seconds)
                     if proposal is not None:
                         self.metrics.draft_rtt_seconds.observe(time.perf_counter() - sent)
                     elif link.malformed:
                         self.metrics.malformed_proposals.inc()
                         link.malformed = False
-                rnd = await loop.run_in_executor(
-                    self.executor, self._round, session, proposal, gamma, params, generator
-                )
-                verify_seconds = rnd.verify_seconds
+                row = self._row(session, proposal, gamma, params, generator)
+                outcome = await self.scheduler.run(row, cost=session.uncached + len(row.drafts))
+                drafted = len(row.drafts)
                 if proposal is not None and link is not None:
-                    link.acceptance.update(rnd.verdict.accepted, rnd.drafted)
-                tokens = rnd.verdict.tokens
+                    link.acceptance.update(outcome.accepted, drafted)
+                tokens = outcome.tokens
                 keep = len(tokens)  # tokens of this round that count (through an EOS or a stop sequence)
                 if eos is not None and eos in tokens:
                     keep = tokens.index(eos) + 1
@@ -152,7 +174,7 @@ class TargetEngine:
                     keep = cut
                     tokens = tokens[:cut]
                     stats.finish_reason = "stop"
-                drafted, accepted = kept_counts(rnd.verdict, rnd.drafted, keep)
+                drafted, accepted = kept_counts(outcome, drafted, keep)
                 stats.rounds += 1
                 stats.drafted_tokens += drafted
                 stats.accepted_tokens += accepted
@@ -162,7 +184,6 @@ class TargetEngine:
                 self.metrics.rounds.inc()
                 self.metrics.draft_tokens.inc(drafted)
                 self.metrics.accepted_tokens.inc(accepted)
-                self.metrics.verify_seconds.observe(rnd.verify_seconds)
                 stats.generated_tokens += len(tokens)
                 stats.token_ids.extend(tokens)
                 self.metrics.generated_tokens.inc(len(tokens))
@@ -173,3 +194,5 @@ class TargetEngine:
         finally:
             if link is not None:
                 link.release()
+            self.budget.release(reserved)
+            self.metrics.running.set(self.budget.running)

@@ -25,12 +25,22 @@ class TargetMetrics:
             "Draft answers that failed validation (the round decoded alone)",
             registry=r,
         )
+        self.running = Gauge("starsd_target_running_sessions", "Completions admitted and generating", registry=r)
+        self.waiting = Gauge(
+            "starsd_target_waiting_requests", "Completions waiting for a batch slot or key/value budget", registry=r
+        )
+        self.step_rows = Histogram(
+            "starsd_target_step_rows",
+            "Sessions in one model step (continuous batching)",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=r,
+        )
         self.rounds = Counter("starsd_target_rounds", "Verification rounds", registry=r)
         self.active = Gauge("starsd_target_active_requests", "Completions in progress", registry=r)
         self.draft_connected = Gauge("starsd_target_draft_connected", "1 while the draft stream is up", registry=r)
         self.verify_seconds = Histogram(
             "starsd_target_verify_seconds",
-            "Target forward time per round",
+            "Target model step time (one forward pass over every ready session, and verification)",
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
             registry=r,
         )

@@ -118,6 +118,13 @@ class TargetApp:
             "object": "model",
             "created": self.started,
             "owned_by": "starsd",
+            "max_model_len": self.limits.max_context,
+            "starsd": {
+                "device": str(self.engine.loaded.placement.device),
+                "dtype": str(self.engine.loaded.placement.dtype).removeprefix("torch."),
+                "max_num_seqs": self.engine.budget.max_num_seqs,
+                "kv_cache_tokens": self.engine.budget.kv_tokens,
+            },
         }
         return web.json_response({"object": "list", "data": [model]})
 
@@ -146,12 +153,25 @@ class TargetApp:
             if not prompt_ids:
                 raise RequestError("the prompt encodes to no tokens", param="prompt")
             check_context(len(prompt_ids), req.max_tokens, self.limits)
+            self._check_budget(len(prompt_ids), req.max_tokens)
             if req.stream:
                 return await self._stream(request, req, prompt_ids)
             return await self._complete(req, prompt_ids)
         finally:
             self.active -= 1
             self.engine.metrics.active.set(self.active)
+
+    def _check_budget(self, prompt_tokens: int, max_tokens: int) -> None:
+        budget = self.engine.budget
+        need = self.engine.reservation(prompt_tokens, max_tokens)
+        if need > budget.kv_tokens:
+            raise RequestError(
+                f"this completion needs {need} key/value tokens (prompt {prompt_tokens} + max_tokens {max_tokens} "
+                f"+ drafts) but this target's whole key/value budget is {budget.kv_tokens} tokens; "
+                "send a shorter prompt or a smaller max_tokens",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
 
     async def _encode(self, prompt: str | list[int]) -> list[int]:
         """Token ids of the prompt. Encoding takes time in proportion to the text (about a second per MiB) and the

@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from starsd.devices import resolve
 from starsd.sampling import SamplingParams
 from starsd.target.engine import GenerationStats, StopCheck
 from starsd.target.metrics import TargetMetrics
+from starsd.target.scheduler import KvBudget
 from starsd.target.server import TargetApp, TargetServerOptions
 
 
@@ -42,12 +44,21 @@ class GatedEngine:
 
     def __init__(self) -> None:
         self.loaded = SimpleNamespace(
-            vocab_size=100, max_context=4096, tokenizer=RecordingTokenizer(), eos_token_id=None, name="fake"
+            vocab_size=100,
+            max_context=4096,
+            tokenizer=RecordingTokenizer(),
+            eos_token_id=None,
+            name="fake",
+            placement=resolve("cpu", "float32"),
         )
+        self.budget = KvBudget(max_num_seqs=64, kv_tokens=1 << 20)
         self.draft = None
         self.metrics = TargetMetrics()
         self.gate = asyncio.Event()
         self.started = asyncio.Event()
+
+    def reservation(self, prompt_tokens: int, max_tokens: int) -> int:
+        return prompt_tokens + max_tokens
 
     async def generate(
         self,

@@ -1,0 +1,253 @@
+"""The target's model step: one forward pass over every ready session, then one batched verification.
+
+A step takes rows of different sessions. Each row feeds its uncached committed tokens (a new session's prompt,
+or a chunk of it, or the tokens committed last round) followed by its drafts ``d_1..d_gamma``. Rows are laid
+out in one padded batch (see :func:`step_layout`): each session's cached keys and values right-aligned in the
+columns ``[0, past)``, each row's feed right-aligned in ``[past, past + width)``, so that every row's last
+``gamma + 1`` positions (the ones verification needs) are the batch's last columns, and a 4-D mask hides the
+padding. Rows of very different widths (a long prompt chunk beside one-token decodes) run as separate forward
+passes in the same step, so that decodes are not padded to a prompt's width.
+
+Verification runs on the model's device for the whole step (:func:`starsd.sampling.verify_batch`) and the step
+copies one small tensor to the host: each row's accepted count and last token. The per-sequence functions of
+:mod:`starsd.sampling` are the reference the tests hold this to.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from starsd.runners import LoadedModel, new_cache
+from starsd.sampling import SamplingParams, dense_from_sparse, probs_batch, step_draws, verify_batch
+
+# Rows whose feed is at most this many times the narrowest row's (and at most NARROW_EXTRA wider) share a pass.
+NARROW_EXTRA = 8
+
+
+@dataclass
+class TargetSession:
+    """The target's state for one completion."""
+
+    committed: list[int]  # prompt + generated tokens
+    cache: Any = None
+    cached_len: int = 0  # committed[:cached_len] have keys/values in the cache
+
+    @property
+    def uncached(self) -> int:
+        return len(self.committed) - self.cached_len
+
+
+@dataclass
+class StepRow:
+    """One session's share of a step: a prefill chunk (``verify`` False) or a verification of its drafts."""
+
+    session: TargetSession
+    drafts: list[int] = field(default_factory=list)
+    params: SamplingParams = field(default_factory=SamplingParams)
+    generator: torch.Generator | None = None  # sampled rows: the session's own random stream
+    q_ids: list[list[int]] = field(default_factory=list)  # sampled drafts: each position's top-k support
+    q_probs: list[list[float]] = field(default_factory=list)
+    prefill: int = 0  # prefill only: feed this many uncached committed tokens, verify nothing
+
+    @property
+    def verify(self) -> bool:
+        return self.prefill == 0
+
+    def feed(self) -> list[int]:
+        s = self.session
+        if not self.verify:
+            return s.committed[s.cached_len : s.cached_len + self.prefill]
+        return s.committed[s.cached_len :] + self.drafts
+
+
+@dataclass(frozen=True)
+class RowOutcome:
+    accepted: int  # l: drafts accepted (0..gamma)
+    tokens: list[int]  # the l accepted drafts and the recovered or bonus token (empty for a prefill chunk)
+
+
+def step_layout(cached: list[int], widths: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention mask ``[B, 1, W, past + W]`` (True: attend) and position ids ``[B, W]`` of a step.
+
+    Row ``b`` has ``cached[b]`` keys right-aligned in ``[0, past)`` and its ``widths[b]`` new tokens
+    right-aligned in ``[past, past + W)``. A query attends the row's real columns up to its own; a padding
+    query attends only itself, so that no attention row is empty (an empty one would make NaNs that spread
+    through the padding's keys and values).
+    """
+    past, width = max(cached), max(widths)
+    total = past + width
+    columns = torch.arange(total, device=device)
+    c = torch.tensor(cached, device=device).unsqueeze(1)  # [B, 1]
+    w = torch.tensor(widths, device=device).unsqueeze(1)
+    real = ((columns >= past - c) & (columns < past)) | (columns >= past + width - w)  # [B, K]
+    query_columns = past + torch.arange(width, device=device)  # [W]
+    causal = columns.unsqueeze(0) <= query_columns.unsqueeze(1)  # [W, K]
+    mask = real[:, None, None, :] & causal[None, None, :, :]
+    mask |= (columns.unsqueeze(0) == query_columns.unsqueeze(1))[None, None]  # every query sees itself
+    positions = c + torch.arange(width, device=device).unsqueeze(0) - (width - w)  # [B, W]
+    return mask, positions.clamp(min=0)
+
+
+def width_groups(widths: list[int]) -> list[list[int]]:
+    """Split row indices into forward passes of similar width (sorted by width; a new pass where padding would
+    more than double the narrower rows' work)."""
+    order = sorted(range(len(widths)), key=lambda i: widths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and widths[i] <= max(2 * widths[groups[-1][0]], widths[groups[-1][0]] + NARROW_EXTRA):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+class TargetRunner:
+    """Runs steps of many sessions on one target model (one step at a time)."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+        self.device = loaded.device
+        self._lock = threading.Lock()
+        self._layers = int(loaded.model.config.num_hidden_layers)
+        params = inspect.signature(loaded.model.forward).parameters
+        self._logits_to_keep = "logits_to_keep" in params
+
+    def new_session(self, prompt: list[int]) -> TargetSession:
+        if not prompt:
+            raise ValueError("the prompt must hold at least one token")
+        return TargetSession(committed=list(prompt), cache=new_cache())
+
+    def step(self, rows: list[StepRow]) -> list[RowOutcome]:
+        """Forward every row, verify the verifying rows together, commit each; one outcome per row, in order."""
+        feeds = [row.feed() for row in rows]
+        if any(not f for f in feeds):
+            raise ValueError("every row of a step must feed at least one token")
+        keep = 1 + max((len(r.drafts) for r in rows if r.verify), default=0)  # positions verification needs
+        logits: list[torch.Tensor | None] = [None] * len(rows)
+        with self._lock, torch.inference_mode():
+            for group in width_groups([len(f) for f in feeds]):
+                out = self._forward([rows[i] for i in group], [feeds[i] for i in group], keep)
+                for j, i in enumerate(group):
+                    logits[i] = out[j]
+            verifying = [i for i, r in enumerate(rows) if r.verify]
+            decided = self._verify([rows[i] for i in verifying], [logits[i] for i in verifying], keep)
+        outcomes = [RowOutcome(0, []) for _ in rows]
+        for i, (accepted, last) in zip(verifying, decided, strict=True):
+            outcomes[i] = RowOutcome(accepted, [*rows[i].drafts[:accepted], last])
+        for row, outcome in zip(rows, outcomes, strict=True):
+            self._commit(row, outcome)
+        return outcomes
+
+    def _forward(self, rows: list[StepRow], feeds: list[list[int]], keep: int) -> torch.Tensor:
+        """One forward pass; returns logits ``[B, keep, V]`` at each row's last ``keep`` positions (a row
+        with fewer positions repeats its first; only its own last ``gamma + 1`` are read)."""
+        from starsd import kvcache  # imports transformers: only once a model is in use
+
+        model, device = self.loaded.model, self.device
+        kwargs: dict[str, Any] = {}
+        if len(rows) == 1:  # nothing to pad: the session's own cache, no copies
+            session, feed = rows[0].session, feeds[0]
+            input_ids = torch.tensor([feed], dtype=torch.long, device=device)
+            if self._logits_to_keep:
+                kwargs["logits_to_keep"] = min(keep, len(feed))
+            out = model(input_ids=input_ids, past_key_values=session.cache, use_cache=True, **kwargs).logits
+            return _last_positions(out, [len(feed)], keep)
+        cached = [r.session.cached_len for r in rows]
+        widths = [len(f) for f in feeds]
+        past, width = max(cached), max(widths)
+        cache = kvcache.batch_cache([r.session.cache for r in rows], cached, self._layers, past + width)
+        input_ids = torch.zeros(len(rows), width, dtype=torch.long)
+        for b, feed in enumerate(feeds):
+            input_ids[b, width - len(feed) :] = torch.tensor(feed)
+        mask, positions = step_layout(cached, widths, device)
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = min(keep, width)
+        out = model(
+            input_ids=input_ids.to(device),
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            **kwargs,
+        ).logits
+        for b, (row, w) in enumerate(zip(rows, widths, strict=True)):
+            kvcache.copy_row(cache, b, [(past + width - w, past + width)], row.session.cache, self._layers)
+        return _last_positions(out, [width] * len(rows), keep)
+
+    def _verify(self, rows: list[StepRow], logits: list[torch.Tensor | None], keep: int) -> list[tuple[int, int]]:
+        """Verify every row at once on the device; one host copy for the whole step."""
+        if not rows:
+            return []
+        width = keep - 1
+        vocab = self.loaded.vocab_size
+        device = self.device
+        gammas = [len(r.drafts) for r in rows]
+        # Row b's verified positions are the last gamma_b + 1 of its ``keep``; shift them to the front.
+        target_logits = torch.stack(
+            [_front(row_logits, g + 1) for row_logits, g in zip(logits, gammas, strict=True) if row_logits is not None]
+        )  # [B, keep, V]
+        target_probs = probs_batch(target_logits[..., :vocab], [r.params for r in rows])
+        drafts = torch.zeros(len(rows), width, dtype=torch.long)
+        for b, r in enumerate(rows):
+            drafts[b, : len(r.drafts)] = torch.tensor(r.drafts, dtype=torch.long)
+        drafts = drafts.to(device)
+        draft_probs = _draft_distributions(rows, drafts, width, vocab, device)
+        generators = [None if r.params.greedy else r.generator for r in rows]
+        uniforms, races = step_draws(gammas, width, vocab, generators, device)
+        verdict = verify_batch(drafts, torch.tensor(gammas, device=device), draft_probs, target_probs, uniforms, races)
+        pairs = torch.stack([verdict.accepted, verdict.last]).tolist()  # the step's one device-to-host copy
+        return list(zip(pairs[0], pairs[1], strict=True))
+
+    def _commit(self, row: StepRow, outcome: RowOutcome) -> None:
+        """Crop the rejected drafts from the cache and append the committed tokens."""
+        session = row.session
+        if not row.verify:
+            session.cached_len += row.prefill
+            return
+        keep = len(session.committed) + outcome.accepted  # the cache holds committed + all drafts
+        session.cache.crop(keep)
+        session.cached_len = keep
+        session.committed.extend(outcome.tokens)
+
+
+def _last_positions(logits: torch.Tensor, widths: list[int], keep: int) -> torch.Tensor:
+    """``[B, keep, V]``: the last ``keep`` positions of each row (rows of fewer positions padded at the front)."""
+    if logits.shape[1] >= keep:
+        return logits[:, -keep:]
+    pad = logits[:, :1].expand(-1, keep - logits.shape[1], -1)
+    return torch.cat([pad, logits], dim=1)
+
+
+def _front(row_logits: torch.Tensor, n: int) -> torch.Tensor:
+    """Move a row's last ``n`` positions to the front of its ``[keep, V]`` (the rest is padding)."""
+    keep = row_logits.shape[0]
+    if n == keep:
+        return row_logits
+    return torch.cat([row_logits[keep - n :], row_logits[: keep - n]], dim=0)
+
+
+def _draft_distributions(
+    rows: list[StepRow], drafts: torch.Tensor, width: int, vocab: int, device: torch.device
+) -> torch.Tensor:
+    """``q [B, width, V]``: the reported top-k distributions of sampled drafts, one-hot for greedy drafts."""
+    q = torch.nn.functional.one_hot(drafts, vocab).float() if width else torch.zeros(len(rows), 0, vocab)
+    q = q.to(device)
+    sampled = [b for b, r in enumerate(rows) if r.drafts and not r.params.greedy]
+    if sampled:
+        k = max(len(ids) for b in sampled for ids in rows[b].q_ids)
+        ids = torch.full((len(sampled), width, k), -1, dtype=torch.long)
+        probs = torch.zeros(len(sampled), width, k)
+        for j, b in enumerate(sampled):
+            for i, (row_ids, row_probs) in enumerate(zip(rows[b].q_ids, rows[b].q_probs, strict=True)):
+                ids[j, i, : len(row_ids)] = torch.tensor(row_ids)
+                probs[j, i, : len(row_probs)] = torch.tensor(row_probs)
+        dense = dense_from_sparse(ids.to(device), probs.to(device), vocab)  # [S, width, V]
+        gammas = torch.tensor([len(rows[b].drafts) for b in sampled], device=device)
+        live = (torch.arange(width, device=device).unsqueeze(0) < gammas.unsqueeze(1)).unsqueeze(-1)
+        q[torch.tensor(sampled, device=device)] = torch.where(live, dense, q[torch.tensor(sampled, device=device)])
+    return q

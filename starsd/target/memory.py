@@ -1,0 +1,35 @@
+"""How many key/value tokens a target can hold: the default of ``--kv-cache-tokens``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# Steps lay sessions' caches out in one padded batch, about one more copy of what they hold.
+BATCH_LAYOUT_FACTOR = 2
+
+
+def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
+    """Keys and values of one token over every layer: ``2 * layers * kv_heads * head_dim * element size``."""
+    heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+    return 2 * int(config.num_hidden_layers) * heads * head_dim * torch.finfo(dtype).bits // 8
+
+
+def kv_budget_tokens(loaded: Any, max_num_seqs: int, gpu_memory_fraction: float) -> int:
+    """On CUDA, what ``gpu_memory_fraction`` of the GPU leaves after the weights (with room for the batched
+    layout); on the CPU, ``max_num_seqs`` full contexts (the host's memory is the operator's to size)."""
+    device = loaded.device
+    if device.type != "cuda":
+        return max_num_seqs * loaded.max_context
+    total = torch.cuda.get_device_properties(device).total_memory
+    free_for_cache = total * gpu_memory_fraction - torch.cuda.memory_allocated(device)
+    per_token = kv_bytes_per_token(loaded.model.config, loaded.placement.dtype) * BATCH_LAYOUT_FACTOR
+    tokens = int(free_for_cache // per_token)
+    if tokens < loaded.max_context:
+        raise ValueError(
+            f"--gpu-memory-fraction {gpu_memory_fraction} leaves room for {max(tokens, 0)} key/value tokens, "
+            f"less than one context of {loaded.max_context}: raise it or use a smaller model"
+        )
+    return tokens
