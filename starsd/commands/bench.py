@@ -79,13 +79,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     prof.add_argument("--json", action="store_true", help="print JSON")
     prof.set_defaults(_bench=run_profiles_command)
     configure_beyond(sub)
+    from starsd.commands.bench_serve import configure_serve
+
+    configure_serve(sub)
 
 
 def run(args: argparse.Namespace) -> int:
     handler = getattr(args, "_bench", None)
     if handler is None:
         print(
-            "starsd bench: choose a benchmark: star | profiles | capacity | fairness | gamma | protocol (see --help)",
+            "starsd bench: choose a benchmark: star | serve | profiles | capacity | fairness | gamma | protocol "
+            "(see --help)",
             file=sys.stderr,
         )
         return 2

@@ -50,6 +50,7 @@ class CompletionRequest:
     stop: list[str] = field(default_factory=list)
     model: str | None = None
     include_usage_in_stream: bool = True
+    ignore_eos: bool = False  # vLLM's extra: generate max_tokens even past the end-of-sequence token
 
 
 # Fields whose non-default values would change what is generated in ways we do not support.
@@ -133,6 +134,12 @@ def parse_completion(body: Any, limits: Limits, served_models: tuple[str, ...]) 
     if not isinstance(stream, bool):
         raise RequestError("'stream' must be true or false", param="stream")
 
+    ignore_eos = body.get("ignore_eos", False)
+    if ignore_eos is None:
+        ignore_eos = False
+    if not isinstance(ignore_eos, bool):
+        raise RequestError("'ignore_eos' must be true or false", param="ignore_eos")
+
     stop = _parse_stop(body.get("stop"), limits)
     options = body.get("stream_options")
     include_usage = True
@@ -148,6 +155,7 @@ def parse_completion(body: Any, limits: Limits, served_models: tuple[str, ...]) 
         stop=stop,
         model=model,
         include_usage_in_stream=include_usage,
+        ignore_eos=ignore_eos,
     )
 
 

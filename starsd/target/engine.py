@@ -124,8 +124,10 @@ class TargetEngine:
         params: SamplingParams,
         stats: GenerationStats,
         stop: StopCheck | None = None,
+        ignore_eos: bool = False,
     ) -> AsyncGenerator[list[int], None]:
-        """Yield the tokens committed by each round (EOS excluded) until ``max_tokens``, EOS or a stop sequence.
+        """Yield the tokens committed by each round (EOS excluded) until ``max_tokens``, EOS or a stop sequence
+        (with ``ignore_eos``, EOS is a token like any other).
 
         Raises :class:`starsd.target.scheduler.BudgetExceeded` before anything runs if the completion can never
         fit this target's key/value budget.
@@ -139,7 +141,7 @@ class TargetEngine:
             seed = request_seed(params.seed)
             generator = None if params.greedy else target_generator(seed, self.loaded.device)
             link = DraftLink(self.draft, params, seed) if self.draft else None
-            eos = self.loaded.eos_token_id
+            eos = None if ignore_eos else self.loaded.eos_token_id
             chunk = self.batching.max_prefill_tokens
             while session.uncached > chunk:  # a long prompt: all but its last chunk, a chunk per step
                 await self.scheduler.run(StepRow(session, prefill=chunk), cost=chunk)

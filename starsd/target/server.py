@@ -211,7 +211,9 @@ class TargetApp:
         stop = None
         if req.stop:
             stop = stop_check(lambda ids: tokenizer.decode(ids, skip_special_tokens=True), req.stop)
-        rounds = self.engine.generate(prompt_ids, req.max_tokens, self._params(req), stats, stop)
+        rounds = self.engine.generate(
+            prompt_ids, req.max_tokens, self._params(req), stats, stop, ignore_eos=req.ignore_eos
+        )
         async with aclosing(rounds):  # frees the draft session at once when a stop sequence ends early
             async for _ in rounds:
                 text = tokenizer.decode(stats.token_ids, skip_special_tokens=True)

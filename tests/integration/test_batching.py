@@ -31,7 +31,9 @@ def batching_star(shipped_pair: tuple[Path, Path], tmp_path_factory: pytest.Temp
         shipped_pair,
         1,
         tmp_path_factory.mktemp("batching"),
-        target_args=["--max-num-seqs", "32", "--max-prefill-tokens", str(PREFILL_CHUNK)],
+        # A generous draft deadline: on a loaded machine a missed one makes a round decode alone, which changes
+        # a sampled completion's random draws (the seeded test below is about batching, not deadlines).
+        target_args=["--max-num-seqs", "32", "--max-prefill-tokens", str(PREFILL_CHUNK), "--draft-timeout", "60"],
     )
     try:
         yield star
@@ -117,7 +119,9 @@ def test_batched_greedy_completions_equal_the_target_alone_with_and_without_the_
 def test_a_seeded_request_gives_the_same_text_alone_and_inside_a_batch(batching_star: LocalStar) -> None:
     url = batching_star.urls[0]
     seeded = {"prompt": "import os\n", "max_tokens": 32, "temperature": 0.9, "top_p": 0.95, "seed": 77}
-    alone = http_json(f"{url}/v1/completions", seeded)[1]["starsd"]["token_ids"]
+    first = http_json(f"{url}/v1/completions", seeded)[1]
+    alone = first["starsd"]["token_ids"]
+    assert first["starsd"]["fallback_tokens"] == 0 and first["starsd"]["drafted_tokens"] > 0
     others = [{"prompt": p, "max_tokens": 32, "temperature": 0.7 + 0.1 * (i % 4)} for i, p in enumerate(PROMPTS[:16])]
 
     async def run() -> list[dict[str, Any]]:
@@ -125,6 +129,7 @@ def test_a_seeded_request_gives_the_same_text_alone_and_inside_a_batch(batching_
             return list(await asyncio.gather(*(_complete(session, url, b) for b in [*others, seeded])))
 
     together = asyncio.run(run())
+    assert together[-1]["starsd"]["fallback_tokens"] == 0
     assert together[-1]["starsd"]["token_ids"] == alone
 
 
@@ -191,3 +196,22 @@ def test_on_cuda_batched_greedy_equals_the_target_alone(shipped_pair: tuple[Path
         assert [o["choices"][0]["text"] for o in outs] == [_expected(reference, b) for b in bodies]
     finally:
         star.stop()
+
+
+def test_bench_serve_reports_the_serving_figures_of_an_endpoint(batching_star: LocalStar, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "serve.json"
+    argv = [sys.executable, "-m", "starsd.cli", "bench", "serve", "--url", batching_star.urls[0]]
+    argv += ["--concurrency", "1,4", "--requests", "8", "--max-tokens", "12", "--json", str(out)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "TTFT" in done.stdout and "output tokens/s" in done.stdout
+    passes = json.loads(out.read_text())["passes"]
+    assert [p["config"]["concurrency"] for p in passes] == [1, 4]
+    for p in passes:
+        assert p["completed"] == 8 and p["failed"] == 0
+        assert p["output_tokens"] == 8 * 12  # ignore_eos: every request runs to max_tokens
+        assert 0 < p["ttft_s"]["p50"] <= p["e2e_latency_s"]["p50"]
+        assert p["output_throughput"] > 0 and p["tpot_s"]["mean"] > 0

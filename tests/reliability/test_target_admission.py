@@ -67,6 +67,7 @@ class GatedEngine:
         params: SamplingParams,
         stats: GenerationStats,
         stop: StopCheck | None = None,
+        ignore_eos: bool = False,
     ) -> AsyncIterator[list[int]]:
         self.started.set()
         for _ in range(max_tokens):
@@ -158,6 +159,7 @@ class FailingEngine(GatedEngine):
         params: SamplingParams,
         stats: GenerationStats,
         stop: StopCheck | None = None,
+        ignore_eos: bool = False,
     ) -> AsyncIterator[list[int]]:
         for _ in range(self.good):
             stats.generated_tokens += 1

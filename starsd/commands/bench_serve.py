@@ -1,0 +1,100 @@
+"""``starsd bench serve``: load an OpenAI-compatible endpoint (ours, vLLM's, any) and report serving figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
+
+
+def configure_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    serve = sub.add_parser(
+        "serve",
+        help="drive an OpenAI-compatible endpoint at fixed concurrency: tokens/s, TTFT, TPOT, ITL, E2E",
+        description=(
+            "Sends streamed completions of random token prompts at a fixed concurrency to --url (any "
+            "OpenAI-compatible server), or to a star it starts here (--local-targets), and reports output "
+            "tokens/s, TTFT, TPOT, ITL and end-to-end latency percentiles. --concurrency 1,16 runs one pass each."
+        ),
+    )
+    where = serve.add_argument_group("the endpoint (one of)")
+    where.add_argument("--url", action="append", default=[], help="base URL, e.g. http://127.0.0.1:8000 (repeatable)")
+    where.add_argument(
+        "--local-targets", type=int, metavar="N", help="start 1 draft and N targets here on the shipped models"
+    )
+    where.add_argument("--no-draft", action="store_true", help="with --local-targets: the targets decode alone")
+    where.add_argument("--target-arg", action="append", default=[], help="extra `starsd target` flag (repeatable)")
+    load = serve.add_argument_group("the load")
+    load.add_argument("--concurrency", type=_int_list, default=(16,), help="requests in flight, e.g. 1,16 (default 16)")
+    load.add_argument("--requests", type=int, default=None, help="requests per pass (default: 4 x concurrency, >= 16)")
+    load.add_argument("--prompt-tokens", type=int, default=32, help="random prompt length in tokens (default 32)")
+    load.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (default 64)")
+    load.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    load.add_argument("--model", help="the model name to send (default: none, the server's own)")
+    load.add_argument(
+        "--no-ignore-eos", action="store_true", help="let requests stop at EOS (default: always max_tokens)"
+    )
+    load.add_argument("--seed", type=int, default=0, help="seed of the random prompts (default 0)")
+    serve.add_argument("--json", type=Path, metavar="FILE", help="write every pass's figures as JSON")
+    serve.set_defaults(_bench=run_serve_command)
+
+
+def run_serve_command(args: argparse.Namespace) -> int:
+    from starsd.bench.serve import ServeConfig, format_summary, run
+
+    if bool(args.url) == (args.local_targets is not None):
+        print("starsd bench serve: give --url URL or --local-targets N", file=sys.stderr)
+        return 2
+    star = None
+    urls = list(args.url)
+    if args.local_targets is not None:
+        from starsd.local import LocalStar, StartError
+
+        star = LocalStar(targets=args.local_targets, target_args=list(args.target_arg))
+        print(f"starting 1 draft and {args.local_targets} targets (logs in {star.log_dir}) ...", file=sys.stderr)
+        try:
+            star.start()
+        except StartError as exc:
+            print(f"starsd bench serve: {exc}", file=sys.stderr)
+            return 1
+        if args.no_draft:
+            star.kill_draft()
+        urls = star.urls
+    passes: list[dict[str, Any]] = []
+    try:
+        for concurrency in args.concurrency:
+            config = ServeConfig(
+                urls=tuple(u.rstrip("/") for u in urls),
+                concurrency=concurrency,
+                requests=args.requests or max(16, 4 * concurrency),
+                prompt_tokens=args.prompt_tokens,
+                max_tokens=args.max_tokens,
+                temperature=args.temperature,
+                ignore_eos=not args.no_ignore_eos,
+                seed=args.seed,
+                model=args.model,
+            )
+            print(f"concurrency {concurrency}: {config.requests} requests ...", file=sys.stderr, flush=True)
+            result = run(config)
+            passes.append(result)
+            print(format_summary(result), flush=True)
+    finally:
+        if star is not None:
+            star.stop()
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"passes": passes}, indent=2) + "\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0 if all(p["failed"] == 0 for p in passes) else 1
