@@ -43,9 +43,11 @@ e2e: install ## end-to-end tests against a real kube-apiserver (built from Go mo
 soak: install ## long reliability runs
 	STARSD_SOAK=1 $(BIN)/pytest tests -m slow
 
-bench: install ## the star benchmark (JSON and PNG under bench/results/)
+bench: install ## the star benchmark and the serving benchmark of one target (JSON and PNG under bench/results/)
 	@mkdir -p bench/results
 	$(BIN)/starsd bench star --json bench/results/star.json --plot bench/results/star.png
+	$(BIN)/starsd bench serve --local-targets 1 --no-draft --concurrency 1,16 --json bench/results/serve-alone.json
+	$(BIN)/starsd bench serve --local-targets 1 --concurrency 1,16 --json bench/results/serve-draft.json
 
 lint: install ## ruff, the formatter check and mypy
 	$(BIN)/ruff check .

@@ -207,6 +207,12 @@ class LocalStar:
         self.draft.start(self._env())
         self._wait_ready(self.draft, f"http://{self.host}:{self.metrics_port}/readyz", time.monotonic() + timeout)
 
+    def wait_linked(self, timeout: float = 120.0) -> None:
+        """Wait until every target is connected to the draft again (after :meth:`restart_draft`)."""
+        deadline = time.monotonic() + timeout
+        for proc, url in zip(self.target_procs, self.urls, strict=True):
+            self._wait_ready(proc, f"{url}/readyz", deadline, need_draft=True)
+
     def stop(self, grace: float = 10.0) -> None:
         procs = [p for p in [*self.target_procs, self.draft] if p is not None]
         for proc in procs:

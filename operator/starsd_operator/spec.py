@@ -52,11 +52,21 @@ class Placement:
     tolerations: list[dict[str, Any]] = field(default_factory=list)
 
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DRAFT_SCHEDULES = ("fifo", "fair")
+DEFAULT_MAX_BATCH = 8
+DEFAULT_MAX_NUM_SEQS = 64
+DEFAULT_MAX_PREFILL_TOKENS = 512
+
+
 @dataclass(frozen=True)
 class DraftSpec:
     model: ModelSource
     image: str | None = None
     placement: Placement = field(default_factory=Placement)
+    dtype: str = "auto"  # the pod's device is always auto: its GPU when it has one
+    max_batch: int = DEFAULT_MAX_BATCH  # requests drafted together per step
+    schedule: str = "fifo"
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,10 @@ class TargetSpec:
     model: ModelSource
     image: str | None = None
     gamma: int = DEFAULT_GAMMA  # draft tokens proposed per round
+    dtype: str = "auto"
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS  # completions per target at once, batched per step
+    kv_cache_tokens: int | None = None  # None: the target sizes its cache (a GPU's memory, or full contexts)
+    max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS
 
 
 @dataclass(frozen=True)
@@ -119,16 +133,31 @@ def parse(spec: Mapping[str, Any]) -> ClusterSpec:
             model=_model(draft, "spec.draft"),
             image=_optional_str(draft, "image", "spec.draft"),
             placement=_placement(draft, "spec.draft"),
+            dtype=_choice(draft, "dtype", "spec.draft", DTYPES),
+            max_batch=_int(draft, "maxBatch", "spec.draft", DEFAULT_MAX_BATCH, minimum=1),
+            schedule=_choice(draft, "schedule", "spec.draft", DRAFT_SCHEDULES),
         ),
         target=TargetSpec(
             model=_model(target, "spec.target"),
             image=_optional_str(target, "image", "spec.target"),
             gamma=gamma,
+            dtype=_choice(target, "dtype", "spec.target", DTYPES),
+            max_num_seqs=_int(target, "maxNumSeqs", "spec.target", DEFAULT_MAX_NUM_SEQS, minimum=1),
+            kv_cache_tokens=_int(target, "kvCacheTokens", "spec.target", 0, minimum=0) or None,
+            max_prefill_tokens=_int(target, "maxPrefillTokens", "spec.target", DEFAULT_MAX_PREFILL_TOKENS, minimum=1),
         ),
         replicas=_int(targets, "replicas", "spec.targets", DEFAULT_REPLICAS, minimum=0),
         pools=pools,
         autoscaling=_autoscaling(spec.get("autoscaling") or {}),
     )
+
+
+def _choice(raw: Mapping[str, Any], key: str, where: str, choices: tuple[str, ...]) -> str:
+    """``raw[key]`` if it is one of ``choices`` (the first is the default when absent)."""
+    value = raw.get(key, choices[0])
+    if value not in choices:
+        raise SpecError(f"{where}.{key} must be one of {', '.join(choices)}, got {value!r}")
+    return str(value)
 
 
 def _pool(raw: Any, where: str) -> PoolSpec:

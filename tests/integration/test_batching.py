@@ -114,6 +114,7 @@ def test_batched_greedy_completions_equal_the_target_alone_with_and_without_the_
     steps = metric(f"{url}/metrics", "starsd_target_step_rows_count") - steps_before
     assert rows / steps > 2  # sessions really shared forward passes
     batching_star.restart_draft()
+    batching_star.wait_linked()
 
 
 def test_a_seeded_request_gives_the_same_text_alone_and_inside_a_batch(batching_star: LocalStar) -> None:

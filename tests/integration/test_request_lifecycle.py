@@ -187,4 +187,3 @@ def test_a_malformed_draft_answer_decodes_the_round_alone(
         assert out["starsd"]["token_ids"] == reference.greedy(PROMPT, 16)
     streamed = sse_events(f"{url}/v1/completions", body)
     assert streamed[-1] == "[DONE]" and "error" not in streamed[-2]
-

@@ -126,6 +126,14 @@ def test_the_draft_deployment() -> None:
         "50051",
         "--metrics-port",
         "9090",
+        "--device",
+        "auto",
+        "--dtype",
+        "auto",
+        "--max-batch",
+        "8",
+        "--schedule",
+        "fifo",
     ]
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"grpc": 50051, "metrics": 9090}
     assert container["resources"] == GPU
@@ -154,6 +162,14 @@ def test_the_target_statefulset_of_a_pool() -> None:
         "8000",
         "--gamma",
         "4",
+        "--device",
+        "auto",
+        "--dtype",
+        "auto",
+        "--max-num-seqs",
+        "64",
+        "--max-prefill-tokens",
+        "512",
         "--id",
         "$(POD_NAME)",
     ]
@@ -249,6 +265,38 @@ def test_gamma_reaches_the_target_command() -> None:
     spec = cluster_spec(target={"model": {"path": "/t"}, "gamma": 7})
     command = only_container(targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES))["command"]
     assert command[command.index("--gamma") + 1] == "7"
+
+
+def test_precision_and_batching_reach_the_commands() -> None:
+    spec = cluster_spec(
+        draft={"model": {"path": "/d"}, "dtype": "float16", "maxBatch": 16, "schedule": "fair"},
+        target={"model": {"path": "/t"}, "dtype": "bfloat16", "maxNumSeqs": 128, "kvCacheTokens": 90000},
+    )
+    draft_command = only_container(draft.deployment(f.OWNER, spec, IMAGES))["command"]
+    target_command = only_container(targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES))["command"]
+
+    def flag(command: list[str], name: str) -> str:
+        return command[command.index(name) + 1]
+
+    assert [flag(draft_command, n) for n in ("--dtype", "--max-batch", "--schedule", "--device")] == [
+        "float16",
+        "16",
+        "fair",
+        "auto",
+    ]
+    assert [flag(target_command, n) for n in ("--dtype", "--max-num-seqs", "--kv-cache-tokens", "--device")] == [
+        "bfloat16",
+        "128",
+        "90000",
+        "auto",
+    ]
+
+
+def test_an_unknown_dtype_is_a_spec_error() -> None:
+    from starsd_operator.spec import SpecError
+
+    with pytest.raises(SpecError, match="dtype"):
+        cluster_spec(target={"model": {"path": "/t"}, "dtype": "int3"})
 
 
 def test_services() -> None:
