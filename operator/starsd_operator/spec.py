@@ -54,7 +54,7 @@ class Placement:
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DRAFT_SCHEDULES = ("fifo", "fair")
-DEFAULT_MAX_BATCH = 8
+DEFAULT_MAX_BATCH = 32
 DEFAULT_MAX_NUM_SEQS = 64
 DEFAULT_MAX_PREFILL_TOKENS = 512
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from starsd.commands._common import add_placement_args, fail, placement_error
 
-MODEL_MAX_BATCH = 8  # a real draft batches by default: 8 requests per step cost about twice one (measured)
+MODEL_MAX_BATCH = 32  # a real draft batches by default: 32 requests per step cost 2.5x one on this CPU (measured)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -131,7 +131,7 @@ def test_the_draft_deployment() -> None:
         "--dtype",
         "auto",
         "--max-batch",
-        "8",
+        "32",
         "--schedule",
         "fifo",
     ]
