@@ -9,12 +9,32 @@ in one buffer and copied back row by row.
 
 from __future__ import annotations
 
+import inspect
+from functools import cache as _memoize
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer
 
 MIN_CAPACITY = 64
+
+
+@_memoize
+def cache_arg() -> str:
+    """The keyword a causal LM's ``forward`` takes its cache by: ``cache`` from transformers 5.x (where
+    ``past_key_values`` is a deprecated alias with a ``FutureWarning``), ``past_key_values`` before.
+
+    Passing ``cache=`` to a 4.x model would not fail: it would vanish into ``**kwargs`` and the model would run
+    without the cache, so the name is looked up, not guessed.
+    """
+    from transformers import LlamaForCausalLM
+
+    return "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
+
+
+def with_cache(cache: Cache) -> dict[str, Cache]:
+    """``model(..., **with_cache(cache))`` passes ``cache`` under the installed transformers' keyword."""
+    return {cache_arg(): cache}
 
 
 class SlabLayer(DynamicLayer):
@@ -49,15 +69,17 @@ class SlabLayer(DynamicLayer):
             v[..., : self.length, :] = self._v[..., : self.length, :]
         self._k, self._v = k, v
 
-    def lazy_initialization(self, key_states: torch.Tensor) -> None:
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor | None = None) -> None:
+        # transformers 4.x passes the keys only, 5.x the keys and values.
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
 
     def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, cache_kwargs: dict[str, Any] | None = None
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        # The extra arguments (4.x: ``cache_kwargs``; 5.x: ``kwargs=`` the attention's keyword arguments) are unused.
         if not self.is_initialized:
-            self.lazy_initialization(key_states)
+            self.lazy_initialization(key_states, value_states)
         start, end = self.length, self.length + key_states.shape[-2]
         self._reserve(end, key_states)
         assert self._k is not None and self._v is not None
@@ -70,10 +92,24 @@ class SlabLayer(DynamicLayer):
         return self.length
 
     def crop(self, max_length: int) -> None:
+        """Keep the first ``max_length`` tokens (``max_length < 0``: drop the last ``-max_length``).
+
+        These are transformers 4.x's semantics, which :mod:`starsd.runners` relies on (``cache.crop(keep)``,
+        ``keep`` possibly 0). transformers 5.x's ``DynamicLayer.crop`` only accepts a negative count and treats
+        ``crop(0)`` as a no-op; a negative argument means the same under both.
+        """
         if max_length < 0:
             max_length = self.length + max_length
         if self._k is not None and max_length < self.length:
             self._set_length(max(0, max_length))
+
+    def reset(self) -> None:
+        """Forget the cached tokens, keeping the buffer."""
+        if self._k is not None:
+            self._set_length(0)
+
+    def reorder_cache(self, beam_idx: torch.Tensor) -> None:  # pragma: no cover - beam search is not used
+        raise NotImplementedError("SlabLayer does not support beam search")
 
     def batch_repeat_interleave(self, repeats: int) -> None:  # pragma: no cover - beam search is not used
         raise NotImplementedError("SlabLayer does not support beam search")
@@ -104,7 +140,7 @@ def batch_cache(caches: list[Cache], lengths: list[int], layers: int, capacity: 
     source = next((c for c, n in zip(caches, lengths, strict=True) if n), None)
     if source is None:
         return new_cache()
-    slabs: list[CacheLayerMixin] = []
+    slabs: list[Any] = []  # SlabLayers; transformers 4.x and 5.x annotate ``Cache(layers=...)`` differently
     for index in range(layers):
         ref = layer(source, index).keys
         assert ref is not None

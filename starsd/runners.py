@@ -70,6 +70,9 @@ def load_checkpoint(path: str | Path, device: str = "cpu", dtype: str = "float32
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # transformers 5 draws a bar per load: noise in a server's log
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(root, local_files_only=True)
@@ -121,8 +124,10 @@ def _new_cache() -> Any:
 
 def _forward(model: Any, tokens: list[int], cache: Any) -> torch.Tensor:
     """Feed ``tokens`` after the cached prefix; returns logits ``[T, V]``."""
+    from starsd import kvcache
+
     input_ids = torch.tensor([tokens], dtype=torch.long, device=model.device)  # [1, T]
-    out = model(input_ids=input_ids, past_key_values=cache, use_cache=True)
+    out = model(input_ids=input_ids, use_cache=True, **kvcache.with_cache(cache))
     return out.logits[0]  # [T, V]
 
 
@@ -270,7 +275,7 @@ class DraftRunner:
             input_ids=input_ids,
             attention_mask=_attention_4d(mask[:, :filled], width),
             position_ids=positions,
-            past_key_values=cache,
+            **kvcache.with_cache(cache),
         ).logits
         next_logits = logits[torch.arange(batch, device=device), torch.tensor(widths, device=device) - 1]  # [B, V]
         step_base = base + torch.tensor(widths, device=device).unsqueeze(1)  # [B, 1]: the first drafted position
@@ -290,7 +295,7 @@ class DraftRunner:
                 input_ids=torch.tensor(chosen, device=device).unsqueeze(1),
                 attention_mask=_attention_4d(mask[:, :filled], 1),
                 position_ids=step_base + step,
-                past_key_values=cache,
+                **kvcache.with_cache(cache),
             )
             next_logits = out.logits[:, -1]
         # Hand each row's new keys/values back to its own session: its feed, then the tokens it fed.

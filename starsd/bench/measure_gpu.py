@@ -96,6 +96,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import DynamicCache
 
+    from starsd import kvcache
+
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
 
@@ -107,13 +109,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         cache = DynamicCache()
         ids = torch.randint(0, model.config.vocab_size, (batch, args.context), device=device)
         with torch.inference_mode():
-            model(input_ids=ids, past_key_values=cache, use_cache=True)
+            model(input_ids=ids, use_cache=True, **kvcache.with_cache(cache))
         return cache
 
     def forward(model: Any, cache: Any, batch: int, tokens: int) -> None:
         ids = torch.randint(0, model.config.vocab_size, (batch, tokens), device=device)
         with torch.inference_mode():
-            model(input_ids=ids, past_key_values=cache, use_cache=True)
+            model(input_ids=ids, use_cache=True, **kvcache.with_cache(cache))
 
     results: dict[str, Any] = {}
     draft = _build(args.draft, device, dtype)
@@ -126,7 +128,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         def draft_round(cache: Any = cache, b: int = b, m: Any = draft) -> None:
             for _ in range(args.gamma):  # gamma sequential steps of one token per sequence
                 forward(m, cache, b, 1)
-            cache.crop(args.context)
+            cache.crop(-args.gamma)  # a negative count: what transformers 4 and 5 both accept
 
         curve.append((b, _timed(draft_round, sync, args.repeats)))
         del cache
@@ -141,11 +143,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     def verify() -> None:
         forward(target, cache, 1, args.gamma + 1)  # gamma drafts plus the position after them
-        cache.crop(args.context)
+        cache.crop(-(args.gamma + 1))
 
     def decode_one() -> None:
         forward(target, cache, 1, 1)
-        cache.crop(args.context)
+        cache.crop(-1)
 
     tp = _timed(verify, sync, args.repeats)
     tp1 = _timed(decode_one, sync, args.repeats)

@@ -155,7 +155,8 @@ class TargetRunner:
             input_ids = torch.tensor([feed], dtype=torch.long, device=device)
             if self._logits_to_keep:
                 kwargs["logits_to_keep"] = min(keep, len(feed))
-            out = model(input_ids=input_ids, past_key_values=session.cache, use_cache=True, **kwargs).logits
+            kwargs.update(kvcache.with_cache(session.cache))
+            out = model(input_ids=input_ids, use_cache=True, **kwargs).logits
             return _last_positions(out, [len(feed)], keep)
         cached = [r.session.cached_len for r in rows]
         widths = [len(f) for f in feeds]
@@ -171,8 +172,8 @@ class TargetRunner:
             input_ids=input_ids.to(device),
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=cache,
             use_cache=True,
+            **kvcache.with_cache(cache),
             **kwargs,
         ).logits
         for b, (row, w) in enumerate(zip(rows, widths, strict=True)):

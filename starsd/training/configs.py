@@ -35,6 +35,9 @@ def llama_config(spec: ModelSpec, vocab_size: int, bos_token_id: int, eos_token_
     """A ``transformers.LlamaConfig`` for ``spec`` and a tokenizer of ``vocab_size`` ids."""
     from transformers import LlamaConfig
 
+    # ``rope_theta`` is a field of 4.x's LlamaConfig; 5.x takes it as a legacy keyword and stores it in
+    # ``rope_parameters`` (``{"rope_type": "default", "rope_theta": ...}``), so it goes in untyped.
+    legacy: dict[str, Any] = {"rope_theta": spec.rope_theta}
     return LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=spec.hidden_size,
@@ -43,7 +46,6 @@ def llama_config(spec: ModelSpec, vocab_size: int, bos_token_id: int, eos_token_
         num_key_value_heads=spec.num_heads,
         intermediate_size=spec.intermediate_size,
         max_position_embeddings=spec.max_position_embeddings,
-        rope_theta=spec.rope_theta,
         initializer_range=spec.initializer_range,
         rms_norm_eps=1e-5,
         tie_word_embeddings=True,
@@ -52,6 +54,7 @@ def llama_config(spec: ModelSpec, vocab_size: int, bos_token_id: int, eos_token_
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
         dtype="float32",
+        **legacy,
     )
 
 

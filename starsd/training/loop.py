@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
+from starsd.progress import progress as progress_bar
 from starsd.training.data import window_batches
 
 
@@ -85,8 +85,8 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor
     opt.step()
 
 
-def _progress(total: int, desc: str, enabled: bool) -> tqdm[Any]:
-    return tqdm(total=total, desc=desc, unit="step", disable=not enabled, dynamic_ncols=True, mininterval=1.0)
+def _progress(total: int, desc: str, enabled: bool) -> Any:
+    return progress_bar(total, desc, unit="step", enabled=enabled)
 
 
 def _autocast(cfg: TrainConfig) -> contextlib.AbstractContextManager[Any]:
@@ -190,7 +190,10 @@ def generate_greedy(
     """
     model.eval()
     rows = []
-    for i in tqdm(range(0, prompts.size(0), batch_size), desc=desc, unit="batch", disable=not progress):
+    starts = range(0, prompts.size(0), batch_size)
+    bar = progress_bar(len(starts), desc, unit="batch", enabled=progress)
+    for i in starts:
+        bar.update()
         chunk = prompts[i : i + batch_size]
         out = model.generate(
             chunk,

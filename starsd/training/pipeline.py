@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
+from starsd.progress import progress as progress_bar
 from starsd.training.acceptance import AcceptanceStats, greedy_agreement, model_functions, speculative_greedy
 from starsd.training.configs import DRAFT_SPEC, TARGET_SPEC, ModelSpec, build_model, count_parameters
 from starsd.training.corpus import Corpus, load_corpus
@@ -38,7 +38,7 @@ from starsd.training.loop import (
     project_embeddings,
     train_language_model,
 )
-from starsd.training.tokenizer import BOS, EOS, PAD, encode_documents, save_tokenizer, train_bpe
+from starsd.training.tokenizer import BOS, EOS, PAD, encode_documents, save_tokenizer, special_id, train_bpe
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def _dir_bytes(path: Path) -> int:
 
 def _save(model: Any, tokenizer_fast: Any, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out_dir), safe_serialization=True)
+    model.save_pretrained(str(out_dir))  # safetensors: the default in 4.x, the only format in 5.x
     tokenizer_fast.save_pretrained(str(out_dir))
 
 
@@ -161,7 +161,9 @@ def evaluate_acceptance(
 ) -> AcceptanceStats:
     propose, verify = model_functions(draft, target)
     total = AcceptanceStats()
-    for prompt in tqdm(prompts, desc="acceptance", unit="prompt", disable=not progress, dynamic_ncols=True):
+    bar = progress_bar(len(prompts), "acceptance", unit="prompt", enabled=progress)
+    for prompt in prompts:
+        bar.update()
         _, stats = speculative_greedy(prompt, cfg.new_tokens, cfg.gamma, propose, verify, eos_token_id=eos_id)
         total.merge(stats)
     return total
@@ -212,8 +214,8 @@ def train_pair(out: Path, recipe: Recipe = Recipe(), threads: int = 1, progress:
     train_docs = encode_documents(tok, [d.text for d in corpus.train])
     held_docs = encode_documents(tok, [d.text for d in corpus.held_out])
     train_stream, held_stream = token_stream(train_docs), token_stream(held_docs)
-    ids = {"bos_token_id": tok.token_to_id(BOS), "eos_token_id": tok.token_to_id(EOS)}
-    pad_id = tok.token_to_id(PAD)
+    ids = {"bos_token_id": special_id(tok, BOS), "eos_token_id": special_id(tok, EOS)}
+    pad_id = special_id(tok, PAD)
     vocab = tok.get_vocab_size()
     report.corpus = {
         "root": str(corpus.root),

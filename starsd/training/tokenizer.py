@@ -18,6 +18,14 @@ PAD = "<|pad|>"
 SPECIAL_TOKENS = (BOS, EOS, PAD)  # ids 0, 1, 2, in this order
 
 
+def special_id(tok: Tokenizer, token: str) -> int:
+    """The id of a special token of ``tok`` (``tokenizers`` types ``token_to_id`` as ``int | None``)."""
+    index = tok.token_to_id(token)
+    if index is None:
+        raise ValueError(f"the tokenizer has no {token!r} token")
+    return index
+
+
 def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
     """Train a byte-level BPE on ``texts`` (consumed in order); the same input gives the same tokenizer.
 
@@ -37,7 +45,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> 
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    bos_id = tok.token_to_id(BOS)
+    bos_id = special_id(tok, BOS)
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
     )
@@ -69,5 +77,5 @@ def save_tokenizer(tok: Tokenizer, out_dir: Path, model_max_length: int) -> Any:
 
 def encode_documents(tok: Tokenizer, texts: list[str]) -> list[list[int]]:
     """Token ids of each text, as the models see a document: ``BOS text EOS``."""
-    eos_id = tok.token_to_id(EOS)
+    eos_id = special_id(tok, EOS)
     return [[*enc.ids, eos_id] for enc in tok.encode_batch(texts)]
