@@ -33,13 +33,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--draft-timeout",
         type=float,
         default=2.0,
-        help="seconds a round waits for the draft before decoding alone (default 2)",
+        help="seconds a round waits for the draft before decoding alone",
     )
     parser.add_argument(
         "--draft-check-timeout",
         type=float,
         default=5.0,
-        help="seconds to wait for the draft's vocabulary check (default 5)",
+        help="seconds to wait for the draft's vocabulary check",
     )
     batching = parser.add_argument_group("batching (continuous: one forward pass per step over every ready session)")
     batching.add_argument(
