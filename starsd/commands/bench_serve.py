@@ -9,17 +9,9 @@ from pathlib import Path
 from typing import Any
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
-    return values
-
-
 def configure_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from starsd.commands.bench import _int_list
+
     serve = sub.add_parser(
         "serve",
         help="drive an OpenAI-compatible endpoint at fixed concurrency: tokens/s, TTFT, TPOT, ITL, E2E",
