@@ -193,3 +193,29 @@ def test_batched_probabilities_equal_the_per_row_ones() -> None:
     batched = probs_batch(logits, params)
     for b, p in enumerate(params):
         assert torch.allclose(batched[b], logits_to_probs(logits[b], p), atol=1e-6), b
+
+
+def test_the_greedy_step_verdict_equals_the_general_one_on_one_hot_distributions() -> None:
+    from starsd.sampling import probs_batch, step_draws, verify_batch
+    from starsd.target.batching import greedy_verdict
+
+    gen = torch.Generator().manual_seed(8)
+    rows, width, vocab = 64, 4, 9
+    logits = torch.randn(rows, width + 1, vocab, generator=gen)
+    gammas = torch.tensor([b % (width + 1) for b in range(rows)])
+    argmax = logits.argmax(-1)
+    # Drafts that agree with the target for a random number of positions, then stray.
+    drafts = torch.where(
+        torch.rand(rows, width, generator=gen) < 0.7, argmax[:, :width], (argmax[:, :width] + 1) % vocab
+    )
+    greedy = [SamplingParams(temperature=0.0)] * rows
+    q = torch.nn.functional.one_hot(drafts, vocab).float()
+    uniforms, races = step_draws(gammas.tolist(), width, vocab, [None] * rows, torch.device("cpu"))
+    general = verify_batch(drafts, gammas, q, probs_batch(logits, greedy), uniforms, races)
+    accepted, last = greedy_verdict(drafts, gammas, logits)
+    assert accepted.tolist() == general.accepted.tolist()
+    assert last.tolist() == general.last.tolist()
+    for b in range(rows):  # and the per-sequence reference
+        g = int(gammas[b])
+        ref = verify_greedy(drafts[b, :g].tolist(), argmax[b, : g + 1].tolist())
+        assert (int(accepted[b]), int(last[b])) == (ref.accepted, ref.tokens[-1])

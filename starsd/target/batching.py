@@ -192,11 +192,15 @@ class TargetRunner:
         target_logits = torch.stack(
             [_front(row_logits, g + 1) for row_logits, g in zip(logits, gammas, strict=True) if row_logits is not None]
         )  # [B, keep, V]
-        target_probs = probs_batch(target_logits[..., :vocab], [r.params for r in rows])
         drafts = torch.zeros(len(rows), width, dtype=torch.long)
         for b, r in enumerate(rows):
             drafts[b, : len(r.drafts)] = torch.tensor(r.drafts, dtype=torch.long)
         drafts = drafts.to(device)
+        if all(r.params.greedy for r in rows):  # the common case needs no distributions: argmax only
+            accepted, last = greedy_verdict(drafts, torch.tensor(gammas, device=device), target_logits[..., :vocab])
+            pairs = torch.stack([accepted, last]).tolist()  # the step's one device-to-host copy
+            return list(zip(pairs[0], pairs[1], strict=True))
+        target_probs = probs_batch(target_logits[..., :vocab], [r.params for r in rows])
         draft_probs = _draft_distributions(rows, drafts, width, vocab, device)
         generators = [None if r.params.greedy else r.generator for r in rows]
         uniforms, races = step_draws(gammas, width, vocab, generators, device)
@@ -214,6 +218,19 @@ class TargetRunner:
         session.cache.crop(keep)
         session.cached_len = keep
         session.committed.extend(outcome.tokens)
+
+
+def greedy_verdict(
+    drafts: torch.Tensor, gammas: torch.Tensor, target_logits: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy verification of a step: ``(accepted [B], last [B])``, what :func:`verify_batch` gives for one-hot
+    distributions (drafts accepted while they equal the target's argmax, then the target's argmax)."""
+    argmax = target_logits.argmax(dim=-1)  # [B, G + 1]
+    width = drafts.shape[1]
+    live = torch.arange(width, device=drafts.device).unsqueeze(0) < gammas.unsqueeze(1)
+    ok = (drafts == argmax[:, :width]) & live
+    accepted = ok.long().cumprod(dim=-1).sum(dim=-1)
+    return accepted, argmax.gather(1, accepted.unsqueeze(1)).squeeze(1)
 
 
 def _last_positions(logits: torch.Tensor, widths: list[int], keep: int) -> torch.Tensor:
