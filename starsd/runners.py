@@ -113,10 +113,6 @@ def check_same_vocabulary(draft: LoadedModel, target: LoadedModel) -> None:
 
 def new_cache() -> Any:
     """An empty per-session key/value cache (see starsd.kvcache)."""
-    return _new_cache()
-
-
-def _new_cache() -> Any:
     from starsd import kvcache  # imports transformers: only once a model is in use
 
     return kvcache.new_cache()
@@ -177,7 +173,7 @@ class DraftRunner:
     def new_state(self, seed: int | None) -> DraftSessionState:
         """A session's state; ``seed`` is the request's seed (the draft's own stream is derived from it)."""
         generator = draft_generator(request_seed(seed), self.loaded.device)
-        return DraftSessionState(cache=_new_cache(), generator=generator)
+        return DraftSessionState(cache=new_cache(), generator=generator)
 
     def _sync(self, state: DraftSessionState, new_tokens: list[int], gamma: int) -> tuple[list[int], int]:
         """Append the newly committed tokens, crop rejected proposals from the cache; return (feed, gamma)."""

@@ -10,6 +10,7 @@ import socket
 from pathlib import Path
 
 from starsd.commands._common import add_placement_args, fail, placement_error
+from starsd.target.memory import DEFAULT_GPU_MEMORY_FRACTION
 
 log = logging.getLogger("starsd.target")
 
@@ -55,7 +56,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     batching.add_argument(
         "--gpu-memory-fraction",
         type=float,
-        default=0.9,
+        default=DEFAULT_GPU_MEMORY_FRACTION,
         help="CUDA only: the share of the GPU's memory the weights and the key/value cache may use (default 0.9)",
     )
     batching.add_argument(

@@ -128,7 +128,7 @@ class TargetRunner:
         if any(not f for f in feeds):
             raise ValueError("every row of a step must feed at least one token")
         keep = 1 + max((len(r.drafts) for r in rows if r.verify), default=0)  # positions verification needs
-        logits: list[torch.Tensor | None] = [None] * len(rows)
+        logits: list[torch.Tensor] = [torch.empty(0)] * len(rows)  # every row's is set by its forward pass
         with self._lock, torch.inference_mode():
             for group in width_groups([len(f) for f in feeds]):
                 out = self._forward([rows[i] for i in group], [feeds[i] for i in group], keep)
@@ -180,7 +180,7 @@ class TargetRunner:
             kvcache.copy_row(cache, b, [(past + width - w, past + width)], row.session.cache, self._layers)
         return _last_positions(out, [width] * len(rows), keep)
 
-    def _verify(self, rows: list[StepRow], logits: list[torch.Tensor | None], keep: int) -> list[tuple[int, int]]:
+    def _verify(self, rows: list[StepRow], logits: list[torch.Tensor], keep: int) -> list[tuple[int, int]]:
         """Verify every row at once on the device; one host copy for the whole step."""
         if not rows:
             return []
@@ -190,7 +190,7 @@ class TargetRunner:
         gammas = [len(r.drafts) for r in rows]
         # Row b's verified positions are the last gamma_b + 1 of its ``keep``; shift them to the front.
         target_logits = torch.stack(
-            [_front(row_logits, g + 1) for row_logits, g in zip(logits, gammas, strict=True) if row_logits is not None]
+            [_front(row_logits, g + 1) for row_logits, g in zip(logits, gammas, strict=True)]
         )  # [B, keep, V]
         drafts = torch.zeros(len(rows), width, dtype=torch.long)
         for b, r in enumerate(rows):

@@ -19,6 +19,7 @@ from starsd.sampling import SamplingParams, target_generator
 from starsd.seeding import request_seed
 from starsd.target.batching import RowOutcome, StepRow, TargetRunner, TargetSession
 from starsd.target.draft_client import DraftClient, DraftLink, DraftProposal
+from starsd.target.memory import DEFAULT_GPU_MEMORY_FRACTION, kv_budget_tokens
 from starsd.target.metrics import TargetMetrics
 from starsd.target.scheduler import KvBudget, StepScheduler
 
@@ -28,7 +29,7 @@ class BatchOptions:
     """How much one target runs at once (see starsd.target.scheduler)."""
 
     max_num_seqs: int = 64  # sessions in one step, and completions running at once
-    kv_cache_tokens: int | None = None  # key/value tokens reserved at most; None: max_num_seqs * context
+    kv_cache_tokens: int | None = None  # key/value tokens reserved at most; None: see kv_budget_tokens
     max_prefill_tokens: int = 512  # prompt tokens fed per session and step (longer prompts go in chunks)
 
 
@@ -80,7 +81,7 @@ class TargetEngine:
         self.runner = TargetRunner(self.loaded)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="target-model")
         b = self.batching
-        kv_tokens = b.kv_cache_tokens or b.max_num_seqs * (self.loaded.max_context + self.gamma)
+        kv_tokens = b.kv_cache_tokens or kv_budget_tokens(self.loaded, b.max_num_seqs, DEFAULT_GPU_MEMORY_FRACTION)
         self.budget = KvBudget(b.max_num_seqs, kv_tokens)
         step_tokens = b.max_prefill_tokens + b.max_num_seqs * (self.gamma + 1)
         self.scheduler: StepScheduler[StepRow, RowOutcome] = StepScheduler(

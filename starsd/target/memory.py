@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch only when a budget is computed: the CLI imports this module's default
+    import torch
+
+DEFAULT_GPU_MEMORY_FRACTION = 0.9  # --gpu-memory-fraction
 
 # Steps lay sessions' caches out in one padded batch, about one more copy of what they hold.
 BATCH_LAYOUT_FACTOR = 2
@@ -12,6 +15,8 @@ BATCH_LAYOUT_FACTOR = 2
 
 def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
     """Keys and values of one token over every layer: ``2 * layers * kv_heads * head_dim * element size``."""
+    import torch
+
     heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
     return 2 * int(config.num_hidden_layers) * heads * head_dim * torch.finfo(dtype).bits // 8
@@ -20,6 +25,8 @@ def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
 def kv_budget_tokens(loaded: Any, max_num_seqs: int, gpu_memory_fraction: float) -> int:
     """On CUDA, what ``gpu_memory_fraction`` of the GPU leaves after the weights (with room for the batched
     layout); on the CPU, ``max_num_seqs`` full contexts (the host's memory is the operator's to size)."""
+    import torch
+
     device = loaded.device
     if device.type != "cuda":
         return max_num_seqs * loaded.max_context

@@ -29,13 +29,6 @@ class BudgetExceeded(ValueError):
 
 
 @dataclass
-class StepStats:
-    steps: int = 0
-    rows: int = 0
-    busy_seconds: float = 0.0
-
-
-@dataclass
 class _Pending(Generic[Row, Outcome]):
     row: Row
     future: asyncio.Future[Outcome]
@@ -64,7 +57,6 @@ class StepScheduler(Generic[Row, Outcome]):
         self._on_step = on_step
         self._queue: collections.deque[_Pending[Row, Outcome]] = collections.deque()
         self._running = False
-        self.stats = StepStats()
 
     @property
     def waiting(self) -> int:
@@ -108,9 +100,6 @@ class StepScheduler(Generic[Row, Outcome]):
     def _finish(self, batch: list[_Pending[Row, Outcome]], done: asyncio.Future[list[Outcome]], started: float) -> None:
         self._running = False
         elapsed = time.perf_counter() - started
-        self.stats.steps += 1
-        self.stats.rows += len(batch)
-        self.stats.busy_seconds += elapsed
         if self._on_step is not None:
             self._on_step(len(batch), elapsed)
         error = done.exception()

@@ -46,6 +46,17 @@ def start_star(pair: tuple[Path, Path], targets: int, log_dir: Path, **kw: objec
 
 
 @pytest.fixture(scope="module")
+def star1(shipped_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStar]:
+    """One draft, one target, per test module: nothing else runs on them, so their counters show one
+    request's effects."""
+    star = start_star(shipped_pair, 1, tmp_path_factory.mktemp("star1"))
+    try:
+        yield star
+    finally:
+        star.stop()
+
+
+@pytest.fixture(scope="module")
 def star4(shipped_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStar]:
     star = start_star(shipped_pair, 4, tmp_path_factory.mktemp("star4"))
     try:

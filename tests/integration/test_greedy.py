@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-
-import pytest
 
 from starsd.local import LocalStar, http_json
-from tests.integration.conftest import PROMPTS, Reference, start_star
+from tests.integration.conftest import PROMPTS, Reference
 
 MAX_TOKENS = 32
-
-
-@pytest.fixture(scope="module")
-def star1(shipped_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStar]:
-    star = start_star(shipped_pair, 1, tmp_path_factory.mktemp("star1"))
-    try:
-        yield star
-    finally:
-        star.stop()
 
 
 def complete(url: str, prompt: str | list[int], **kw: object) -> dict:

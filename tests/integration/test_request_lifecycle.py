@@ -21,19 +21,9 @@ from starsd.local import LocalStar, Proc, free_port, http_json
 from starsd.proto import starsd_pb2 as pb
 from starsd.proto import starsd_pb2_grpc as pb_grpc
 from starsd.vocab import vocab_fingerprint
-from tests.integration.conftest import Reference, start_star
+from tests.integration.conftest import Reference
 
 PROMPT = "class Parser:\n    def parse(self, text):\n"
-
-
-@pytest.fixture(scope="module")
-def star1(shipped_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStar]:
-    """One draft, one target: nothing else runs on them, so their counters show one request's effects."""
-    star = start_star(shipped_pair, 1, tmp_path_factory.mktemp("star1"))
-    try:
-        yield star
-    finally:
-        star.stop()
 
 
 def metric(url: str, name: str) -> float:
