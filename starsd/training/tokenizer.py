@@ -52,6 +52,15 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> 
     return tok
 
 
+# The chat template of the shipped models: they were trained on Python sources, so a conversation is written as
+# Python comments, one line per message, and the assistant answers after its own comment line. Minimal, but it
+# lets `POST /v1/chat/completions` run on the shipped pair.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}# {{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}# assistant:\n{% endif %}"
+)
+
+
 def to_transformers(tok: Tokenizer, model_max_length: int) -> Any:
     """Wrap a trained tokenizer as a ``PreTrainedTokenizerFast`` with its special tokens declared."""
     from transformers import PreTrainedTokenizerFast
@@ -64,6 +73,7 @@ def to_transformers(tok: Tokenizer, model_max_length: int) -> Any:
         model_max_length=model_max_length,
         # The default clean-up rewrites " ." as "." and similar, which would break exact round trips.
         clean_up_tokenization_spaces=False,
+        chat_template=CHAT_TEMPLATE,
     )
 
 
