@@ -28,10 +28,37 @@ def test_defaults_follow_openai() -> None:
     )
 
 
-def test_token_list_and_batch_of_one_prompts_are_accepted() -> None:
-    assert parse({"prompt": [1, 2, 3]}).prompt == [1, 2, 3]
+def test_token_list_and_batched_prompts_are_accepted() -> None:
+    assert parse({"prompt": [1, 2, 3]}).prompts == ([1, 2, 3],)
     assert parse({"prompt": ["hello"]}).prompt == "hello"
     assert parse({"prompt": [[4, 5]]}).prompt == [4, 5]
+    assert parse({"prompt": ["a", "b"]}).prompts == ("a", "b")
+    assert parse({"prompt": [[4, 5], [6]], "n": 3}).prompts == ([4, 5], [6])
+
+
+def test_vllm_extras_and_openai_sampling_fields_are_read() -> None:
+    req = parse(
+        {
+            "prompt": "x",
+            "max_tokens": 8,
+            "n": 2,
+            "best_of": 2,
+            "logprobs": 3,
+            "top_k": -1,
+            "min_tokens": 4,
+            "ignore_eos": True,
+            "stop_token_ids": [7, 9],
+            "presence_penalty": 0.5,
+            "frequency_penalty": -0.25,
+            "repetition_penalty": 1.2,
+            "logit_bias": {"5": -100, "6": 2.5},
+        }
+    )
+    assert (req.n, req.logprobs, req.top_k, req.min_tokens, req.ignore_eos) == (2, 3, 0, 4, True)
+    assert req.stop_token_ids == (7, 9)
+    assert (req.presence_penalty, req.frequency_penalty, req.repetition_penalty) == (0.5, -0.25, 1.2)
+    assert req.logit_bias == {5: -100.0, 6: 2.5}
+    assert parse({"prompt": "x", "echo": True}).echo is True
 
 
 def test_stop_string_becomes_a_list() -> None:
@@ -48,7 +75,9 @@ def test_stop_string_becomes_a_list() -> None:
         ({"prompt": [1, "a"]}, "prompt", 400),
         ({"prompt": [1, 100]}, "prompt", 400),
         ({"prompt": [-1]}, "prompt", 400),
-        ({"prompt": ["a", "b"]}, "prompt", 400),
+        ({"prompt": ["a", [1]]}, "prompt", 400),
+        ({"prompt": ["a", 1]}, "prompt", 400),
+        ({"prompt": [[1], [100]]}, "prompt", 400),
         ({"prompt": "x", "max_tokens": -1}, "max_tokens", 400),
         ({"prompt": "x", "max_tokens": 0}, "max_tokens", 400),
         ({"prompt": "x", "max_tokens": 10**9}, "max_tokens", 400),
@@ -65,8 +94,32 @@ def test_stop_string_becomes_a_list() -> None:
         ({"prompt": "x", "stop": 3}, "stop", 400),
         ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop", 400),
         ({"prompt": "x", "stop": [""]}, "stop", 400),
-        ({"prompt": "x", "n": 2}, "n", 400),
-        ({"prompt": "x", "logprobs": 5}, "logprobs", 400),
+        ({"prompt": "x", "n": 0}, "n", 400),
+        ({"prompt": "x", "n": 65}, "n", 400),
+        ({"prompt": ["x"] * 40, "n": 2}, "n", 400),
+        ({"prompt": "x", "best_of": 3}, "best_of", 400),
+        ({"prompt": "x", "logprobs": 21}, "logprobs", 400),
+        ({"prompt": "x", "logprobs": True}, "logprobs", 400),
+        ({"prompt": "x", "echo": True, "logprobs": 1}, "echo", 400),
+        ({"prompt": "x", "suffix": "y"}, "suffix", 400),
+        ({"prompt": "x", "tools": []}, "tools", 400),
+        ({"prompt": "x", "guided_json": {}}, "guided_json", 400),
+        ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", 400),
+        ({"prompt": "x", "stream": True, "stream_options": {"include_usage": 1}}, "stream_options", 400),
+        ({"prompt": "x", "stream": True, "stream_options": {"other": 1}}, "stream_options", 400),
+        ({"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias", 400),
+        ({"prompt": "x", "logit_bias": {"100": 1}}, "logit_bias", 400),
+        ({"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias", 400),
+        ({"prompt": "x", "logit_bias": [1]}, "logit_bias", 400),
+        ({"prompt": "x", "stop_token_ids": [100]}, "stop_token_ids", 400),
+        ({"prompt": "x", "stop_token_ids": 3}, "stop_token_ids", 400),
+        ({"prompt": "x", "max_tokens": 4, "min_tokens": 5}, "min_tokens", 400),
+        ({"prompt": "x", "top_k": -2}, "top_k", 400),
+        ({"prompt": "x", "top_k": 1.5}, "top_k", 400),
+        ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty", 400),
+        ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty", 400),
+        ({"prompt": "x", "frequency_penalty": "a"}, "frequency_penalty", 400),
+        ({"prompt": "x", "ignore_eos": "yes"}, "ignore_eos", 400),
         ({"prompt": "x", "model": 7}, "model", 400),
         ({"prompt": "x", "model": "gpt-4"}, "model", 404),
     ],
@@ -79,11 +132,10 @@ def test_bad_requests_are_refused_naming_the_field(body: Any, param: str | None,
     assert info.value.body()["error"]["message"]
 
 
-def test_unknown_fields_that_do_not_change_the_output_are_ignored() -> None:
-    assert (
-        parse({"prompt": "x", "user": "u1", "stream_options": {"include_usage": False}}).include_usage_in_stream
-        is False
-    )
+def test_fields_that_do_not_change_the_output_are_accepted() -> None:
+    assert parse({"prompt": "x", "user": "u1", "metadata": {"k": "v"}}).include_usage_in_stream is False
+    options = {"prompt": "x", "stream": True, "stream_options": {"include_usage": True}}
+    assert parse(options).include_usage_in_stream is True
 
 
 def test_context_length_counts_prompt_and_completion() -> None:

@@ -76,6 +76,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=8, help="support of sampled proposals (default 8)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: $STARSD_TORCH_THREADS or 1)")
     parser.add_argument("--draft-tls-ca", type=Path, help="PEM CA bundle: reach the draft over TLS")
+    parser.add_argument(
+        "--chat-template",
+        type=Path,
+        help="a Jinja chat template file for /v1/chat/completions (default: the checkpoint's own)",
+    )
     add_placement_args(parser)
 
 
@@ -92,6 +97,12 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"--gpu-memory-fraction must be in (0, 1], got {args.gpu_memory_fraction}")
     if (problem := placement_error(args)) is not None:
         return fail(problem)
+    from starsd.target.chat import load_chat_template
+
+    try:
+        args.chat_template_text = load_chat_template(args.chat_template)
+    except ValueError as exc:
+        return fail(str(exc))
     set_threads(args.threads)
     try:
         loaded = load_checkpoint(args.model, args.device, args.dtype)
@@ -145,6 +156,7 @@ async def _serve(args: argparse.Namespace, loaded: object) -> int:
             max_concurrency=args.max_concurrency,
             max_body_bytes=args.max_body_bytes,
             max_tokens_cap=args.max_tokens_cap,
+            chat_template=args.chat_template_text,
         ),
     )
     runner = app.runner(shutdown_timeout=30.0)

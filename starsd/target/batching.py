@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,10 @@ class StepRow:
     q_ids: list[list[int]] = field(default_factory=list)  # sampled drafts: each position's top-k support
     q_probs: list[list[float]] = field(default_factory=list)
     prefill: int = 0  # prefill only: feed this many uncached committed tokens, verify nothing
+    # The request's changes to the target's logits at the verified positions ``[gamma + 1, V] -> [gamma + 1, V]``
+    # (top-k, min_tokens, penalties: see starsd.target.processing); verification then uses the changed ones.
+    process: Callable[[torch.Tensor], torch.Tensor] | None = None
+    logprobs: int | None = None  # report the emitted tokens' log-probabilities and this many top alternatives
 
     @property
     def verify(self) -> bool:
@@ -69,6 +74,16 @@ class StepRow:
 class RowOutcome:
     accepted: int  # l: drafts accepted (0..gamma)
     tokens: list[int]  # the l accepted drafts and the recovered or bonus token (empty for a prefill chunk)
+    logprobs: list[TokenLogprobs] | None = None  # one per token, when the row asked for them
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """The target's log-probability of an emitted token and its most likely alternatives (the model's own
+    distribution, before temperature and the request's logit changes, as vLLM reports by default)."""
+
+    logprob: float
+    top: list[tuple[int, float]]  # (token id, log-probability), most likely first
 
 
 def step_layout(cached: list[int], widths: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,9 +151,22 @@ class TargetRunner:
                     logits[i] = out[j]
             verifying = [i for i, r in enumerate(rows) if r.verify]
             decided = self._verify([rows[i] for i in verifying], [logits[i] for i in verifying], keep)
-        outcomes = [RowOutcome(0, []) for _ in rows]
-        for i, (accepted, last) in zip(verifying, decided, strict=True):
-            outcomes[i] = RowOutcome(accepted, [*rows[i].drafts[:accepted], last])
+            outcomes = [RowOutcome(0, []) for _ in rows]
+            for i, (accepted, last) in zip(verifying, decided, strict=True):
+                outcomes[i] = RowOutcome(accepted, [*rows[i].drafts[:accepted], last])
+            wanted = [i for i in verifying if rows[i].logprobs is not None]
+            if wanted:
+                top = max(rows[i].logprobs or 0 for i in wanted)
+                reported = emitted_logprobs(
+                    [logits[i][..., : self.loaded.vocab_size] for i in wanted],
+                    [len(rows[i].drafts) for i in wanted],
+                    [outcomes[i].tokens for i in wanted],
+                    top,
+                )
+                for i, entries in zip(wanted, reported, strict=True):
+                    k = rows[i].logprobs or 0
+                    entries = [TokenLogprobs(e.logprob, e.top[:k]) for e in entries]
+                    outcomes[i] = RowOutcome(outcomes[i].accepted, outcomes[i].tokens, entries)
         for row, outcome in zip(rows, outcomes, strict=True):
             self._commit(row, outcome)
         return outcomes
@@ -192,6 +220,7 @@ class TargetRunner:
         target_logits = torch.stack(
             [_front(row_logits, g + 1) for row_logits, g in zip(logits, gammas, strict=True)]
         )  # [B, keep, V]
+        target_logits = processed_logits(rows, gammas, target_logits[..., :vocab])
         drafts = torch.zeros(len(rows), width, dtype=torch.long)
         for b, r in enumerate(rows):
             drafts[b, : len(r.drafts)] = torch.tensor(r.drafts, dtype=torch.long)
@@ -218,6 +247,45 @@ class TargetRunner:
         session.cache.crop(keep)
         session.cached_len = keep
         session.committed.extend(outcome.tokens)
+
+
+def processed_logits(rows: list[StepRow], gammas: list[int], logits: torch.Tensor) -> torch.Tensor:
+    """``logits [B, keep, V]`` (verified positions first) with each row's own :attr:`StepRow.process` applied."""
+    if all(r.process is None for r in rows):
+        return logits
+    logits = logits.clone()
+    for b, (row, gamma) in enumerate(zip(rows, gammas, strict=True)):
+        if row.process is not None:
+            logits[b, : gamma + 1] = row.process(logits[b, : gamma + 1])
+    return logits
+
+
+def emitted_logprobs(
+    logits: list[torch.Tensor], gammas: list[int], tokens: list[list[int]], top: int
+) -> list[list[TokenLogprobs]]:
+    """Each row's log-probabilities of its emitted ``tokens`` and of its ``top`` most likely alternatives, from
+    its raw verify logits ``[keep, V]``: a row with ``gamma`` drafts verified its last ``gamma + 1`` positions,
+    and emitted token ``j`` was chosen at the ``j``-th of them. One device-to-host copy for all rows."""
+    width = max(len(t) for t in tokens)
+    device = logits[0].device
+    verified = []
+    index = torch.zeros(len(tokens), width, dtype=torch.long)
+    for b, (row_logits, gamma, row_tokens) in enumerate(zip(logits, gammas, tokens, strict=True)):
+        positions = row_logits[row_logits.shape[0] - (gamma + 1) :][: len(row_tokens)]
+        pad = width - positions.shape[0]
+        verified.append(torch.cat([positions, positions[:1].expand(pad, -1)]) if pad else positions)
+        index[b, : len(row_tokens)] = torch.tensor(row_tokens)
+    logp = torch.log_softmax(torch.stack(verified).float(), dim=-1)  # [B, width, V]
+    chosen = logp.gather(-1, index.to(device).unsqueeze(-1)).squeeze(-1)  # [B, width]
+    top_values, top_ids = logp.topk(max(top, 1), dim=-1)  # [B, width, top]
+    chosen_h, values_h, ids_h = chosen.tolist(), top_values.tolist(), top_ids.tolist()
+    return [
+        [
+            TokenLogprobs(chosen_h[b][j], list(zip(ids_h[b][j][:top], values_h[b][j][:top], strict=True)))
+            for j in range(len(row_tokens))
+        ]
+        for b, row_tokens in enumerate(tokens)
+    ]
 
 
 def greedy_verdict(

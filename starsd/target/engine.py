@@ -7,6 +7,7 @@ wait for their drafts: one completion's verification overlaps other completions'
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -17,10 +18,11 @@ import torch
 from starsd.runners import LoadedModel
 from starsd.sampling import SamplingParams, target_generator
 from starsd.seeding import request_seed
-from starsd.target.batching import RowOutcome, StepRow, TargetRunner, TargetSession
+from starsd.target.batching import RowOutcome, StepRow, TargetRunner, TargetSession, TokenLogprobs
 from starsd.target.draft_client import DraftClient, DraftLink, DraftProposal
 from starsd.target.memory import DEFAULT_GPU_MEMORY_FRACTION, kv_budget_tokens
 from starsd.target.metrics import TargetMetrics
+from starsd.target.processing import LogitRules, round_processor
 from starsd.target.scheduler import KvBudget, StepScheduler
 
 
@@ -42,6 +44,8 @@ class GenerationStats:
     generated_tokens: int = 0
     finish_reason: str = "length"
     token_ids: list[int] = field(default_factory=list)  # generated ids (EOS excluded)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per generated id, when asked for
+    first_token_at: float | None = None  # perf_counter() when the first tokens were committed
 
     def to_json(self) -> dict[str, int]:
         return {
@@ -66,6 +70,50 @@ def kept_counts(verdict: RowOutcome, drafted: int, keep: int) -> tuple[int, int]
     if keep > verdict.accepted:
         return drafted, verdict.accepted
     return keep, keep
+
+
+@dataclass(frozen=True)
+class RequestControls:
+    """A completion's request-level controls besides sampling (vLLM's extras and OpenAI's logprobs)."""
+
+    ignore_eos: bool = False  # EOS is a token like any other
+    stop_token_ids: tuple[int, ...] = ()  # these end the completion like EOS (and are not part of its text)
+    min_tokens: int = 0  # EOS and the stop tokens are impossible before this many tokens
+    top_k: int = 0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None  # report the target's log-probabilities and this many top alternatives
+
+    def end_ids(self, eos: int | None) -> tuple[int, ...]:
+        ends = () if self.ignore_eos or eos is None else (eos,)
+        return ends + tuple(t for t in self.stop_token_ids if t not in ends)
+
+    def rules(self, eos: int | None) -> LogitRules:
+        return LogitRules(
+            top_k=self.top_k,
+            min_tokens=self.min_tokens,
+            end_ids=self.end_ids(eos),
+            logit_bias=self.logit_bias,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+        )
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed of choice ``index`` of a request seeded with ``seed``: the seed itself for the first (so n = 1 is
+    reproduced by n = 2's first choice), a digest for the others (independent samples, still reproducible)."""
+    if seed is None or index == 0:
+        return seed
+    digest = hashlib.blake2b(b"starsd.choice\x00" + seed.to_bytes(8, "big") + index.to_bytes(4, "big"), digest_size=8)
+    return int.from_bytes(digest.digest(), "big") >> 1
+
+
+def first_end(tokens: list[int], end_ids: tuple[int, ...]) -> int | None:
+    """The index of the first token of ``tokens`` that ends the completion, or None."""
+    return next((i for i, t in enumerate(tokens) if t in end_ids), None)
 
 
 @dataclass
@@ -126,9 +174,10 @@ class TargetEngine:
         stats: GenerationStats,
         stop: StopCheck | None = None,
         ignore_eos: bool = False,
+        controls: RequestControls | None = None,
     ) -> AsyncGenerator[list[int], None]:
         """Yield the tokens committed by each round (EOS excluded) until ``max_tokens``, EOS or a stop sequence
-        (with ``ignore_eos``, EOS is a token like any other).
+        (with ``ignore_eos``, EOS is a token like any other; ``controls`` adds vLLM's extras and logprobs).
 
         Raises :class:`starsd.target.scheduler.BudgetExceeded` before anything runs if the completion can never
         fit this target's key/value budget.
@@ -142,7 +191,10 @@ class TargetEngine:
             seed = request_seed(params.seed)
             generator = None if params.greedy else target_generator(seed, self.loaded.device)
             link = DraftLink(self.draft, params, seed) if self.draft else None
-            eos = None if ignore_eos else self.loaded.eos_token_id
+            if controls is None:
+                controls = RequestControls(ignore_eos=ignore_eos)
+            ends = controls.end_ids(self.loaded.eos_token_id)
+            rules = controls.rules(self.loaded.eos_token_id)
             chunk = self.batching.max_prefill_tokens
             while session.uncached > chunk:  # a long prompt: all but its last chunk, a chunk per step
                 await self.scheduler.run(StepRow(session, prefill=chunk), cost=chunk)
@@ -162,15 +214,18 @@ class TargetEngine:
                         self.metrics.malformed_proposals.inc()
                         link.malformed = False
                 row = self._row(session, proposal, gamma, params, generator)
+                row.process = round_processor(rules, prompt, stats.token_ids, row.drafts)
+                row.logprobs = controls.logprobs
                 outcome = await self.scheduler.run(row, cost=session.uncached + len(row.drafts))
                 drafted = len(row.drafts)
                 if proposal is not None and link is not None:
                     link.acceptance.update(outcome.accepted, drafted)
                 tokens = outcome.tokens
                 keep = len(tokens)  # tokens of this round that count (through an EOS or a stop sequence)
-                if eos is not None and eos in tokens:
-                    keep = tokens.index(eos) + 1
-                    tokens = tokens[: keep - 1]
+                end = first_end(tokens, ends)
+                if end is not None:
+                    keep = end + 1
+                    tokens = tokens[:end]
                     stats.finish_reason = "stop"
                 cut = stop(stats.token_ids, tokens) if stop is not None and tokens else None
                 if cut is not None:
@@ -187,8 +242,13 @@ class TargetEngine:
                 self.metrics.rounds.inc()
                 self.metrics.draft_tokens.inc(drafted)
                 self.metrics.accepted_tokens.inc(accepted)
+                self.metrics.round(drafted, accepted)
                 stats.generated_tokens += len(tokens)
                 stats.token_ids.extend(tokens)
+                if outcome.logprobs is not None:
+                    stats.logprobs.extend(outcome.logprobs[: len(tokens)])
+                if tokens and stats.first_token_at is None:
+                    stats.first_token_at = time.perf_counter()
                 self.metrics.generated_tokens.inc(len(tokens))
                 if tokens:
                     yield tokens

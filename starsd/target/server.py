@@ -3,29 +3,36 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from starsd import __version__
 from starsd.sampling import SamplingParams
 from starsd.target.api import (
     CompletionRequest,
+    GenerationRequest,
     Limits,
     RequestError,
     check_context,
-    find_stop,
+    check_fields,
+    check_model,
     parse_completion,
-    stop_check,
-    stream_safe_length,
 )
-from starsd.target.engine import GenerationStats, TargetEngine
+from starsd.target.chat import parse_chat, render_chat
+from starsd.target.detokenize import StopWatch
+from starsd.target.engine import GenerationStats, RequestControls, TargetEngine, choice_seed
+from starsd.target.responses import Kind, chat_logprobs, choice, completion_logprobs, envelope, usage
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +44,7 @@ class TargetServerOptions:
     max_concurrency: int = 64  # completions at once; more are answered 429 with Retry-After
     max_body_bytes: int = 1 << 20
     max_tokens_cap: int = 4096
+    chat_template: str | None = None  # overrides the checkpoint's (``--chat-template FILE``)
 
 
 def internal_error(exc: BaseException) -> RequestError:
@@ -59,6 +67,8 @@ class TargetApp:
         )
         self.active = 0
         self.started = int(time.time())
+        self.chat_template = options.chat_template
+        engine.metrics.model_name = options.served_model
 
     def runner(self, shutdown_timeout: float = 30.0) -> web.AppRunner:
         """The app's runner. A client that disconnects cancels its handler (aiohttp does not by default), which
@@ -70,8 +80,14 @@ class TargetApp:
     def build(self) -> web.Application:
         app = web.Application(client_max_size=self.options.max_body_bytes, middlewares=[self._errors])
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model}", self.model)
         app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/health", self.healthz)  # vLLM's name for liveness
+        app.router.add_get("/version", self.version)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/detokenize", self.detokenize)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics)
         return app
@@ -109,11 +125,15 @@ class TargetApp:
     async def metrics(self, _: web.Request) -> web.Response:
         draft = self.engine.draft
         self.engine.metrics.draft_connected.set(1 if draft and draft.connected else 0)
+        self.engine.metrics.scheduler_state(self.engine.budget.running, self.engine.budget.waiting)
         body = generate_latest(self.engine.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def models(self, _: web.Request) -> web.Response:
-        model = {
+        return web.json_response({"object": "list", "data": [self._model_card()]})
+
+    def _model_card(self) -> dict[str, Any]:
+        return {
             "id": self.options.served_model,
             "object": "model",
             "created": self.started,
@@ -126,9 +146,75 @@ class TargetApp:
                 "kv_cache_tokens": self.engine.budget.kv_tokens,
             },
         }
-        return web.json_response({"object": "list", "data": [model]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        if name != self.options.served_model:
+            raise RequestError(
+                f"the model '{name}' does not exist here; this server serves {self.options.served_model}",
+                status=404,
+                param="model",
+                code="model_not_found",
+            )
+        return web.json_response(self._model_card())
+
+    async def version(self, _: web.Request) -> web.Response:
+        return web.json_response({"version": __version__})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        check_model(body, (self.options.served_model,))
+        if "messages" in body:
+            check_fields(body, {"model", "messages", "add_generation_prompt"}, "/tokenize")
+            chat = parse_chat({"messages": body["messages"]}, self.limits, (self.options.served_model,))
+            if "add_generation_prompt" in body:
+                chat = parse_chat(
+                    {"messages": body["messages"], "add_generation_prompt": body["add_generation_prompt"]},
+                    self.limits,
+                    (self.options.served_model,),
+                )
+            ids = render_chat(self.engine.loaded.tokenizer, chat, self.chat_template)
+        else:
+            check_fields(body, {"model", "prompt", "add_special_tokens"}, "/tokenize")
+            prompt = body.get("prompt")
+            if not isinstance(prompt, str):
+                raise RequestError("'prompt' must be a string (or send 'messages')", param="prompt")
+            add_special = body.get("add_special_tokens", True)
+            if not isinstance(add_special, bool):
+                raise RequestError("'add_special_tokens' must be true or false", param="add_special_tokens")
+            ids = await self._encode(prompt, add_special) if prompt else []
+        return web.json_response({"count": len(ids), "max_model_len": self.limits.max_context, "tokens": ids})
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        check_model(body, (self.options.served_model,))
+        check_fields(body, {"model", "tokens"}, "/detokenize")
+        tokens = body.get("tokens")
+        vocab = self.limits.vocab_size
+        if not isinstance(tokens, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in tokens
+        ):
+            raise RequestError(f"'tokens' must be a list of token ids in 0..{vocab - 1}", param="tokens")
+        return web.json_response({"prompt": self.engine.loaded.tokenizer.decode(tokens)})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "text")
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "chat")
+
+    async def _json(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json(loads=json.loads)
+        except RecursionError:
+            raise RequestError("the request body is nested too deeply") from None
+        except ValueError as exc:  # not JSON, not UTF-8, or an integer too long for Python to convert
+            raise RequestError(f"the request body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise RequestError("the request body must be a JSON object")
+        return body
+
+    async def _serve(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         # Admission first: a full target refuses before it reads, parses or encodes anything, and the slot is held
         # while the prompt is encoded, so concurrent encodes are bounded by the same limit.
         if self.active >= self.options.max_concurrency:
@@ -139,27 +225,50 @@ class TargetApp:
                 code="rate_limit_exceeded",
             )
             return _error(err, headers={"Retry-After": "1"})
+        arrived = time.perf_counter()
         self.active += 1
         self.engine.metrics.active.set(self.active)
         try:
-            try:
-                body = await request.json(loads=json.loads)
-            except RecursionError:
-                raise RequestError("the request body is nested too deeply") from None
-            except ValueError as exc:  # not JSON, not UTF-8, or an integer too long for Python to convert
-                raise RequestError(f"the request body is not valid JSON: {exc}") from None
-            req = parse_completion(body, self.limits, (self.options.served_model,))
-            prompt_ids = await self._encode(req.prompt)
-            if not prompt_ids:
+            body = await self._json(request)
+            served = (self.options.served_model,)
+            req: GenerationRequest
+            if kind == "text":
+                req = parse_completion(body, self.limits, served)
+                prompts = [await self._encode(p) for p in req.prompts]
+            else:
+                req = parse_chat(body, self.limits, served)
+                tokenizer = self.engine.loaded.tokenizer
+                render = functools.partial(render_chat, tokenizer, req, self.chat_template)
+                prompts = [await asyncio.get_running_loop().run_in_executor(None, render)]
+            if any(not ids for ids in prompts):
                 raise RequestError("the prompt encodes to no tokens", param="prompt")
-            check_context(len(prompt_ids), req.max_tokens, self.limits)
-            self._check_budget(len(prompt_ids), req.max_tokens)
+            longest = max(len(ids) for ids in prompts)
+            if req.max_tokens_default:  # chat without a limit: what the context leaves
+                req = dataclasses.replace(
+                    req, max_tokens=max(1, min(req.max_tokens, self.limits.max_context - longest))
+                )
+            for ids in prompts:
+                check_context(len(ids), req.max_tokens, self.limits)
+                self._check_budget(len(ids), req.max_tokens)
+            choices = self._choices(req, prompts)
+            self.engine.metrics.prompt_tokens(sum(len(ids) for ids in prompts))
             if req.stream:
-                return await self._stream(request, req, prompt_ids)
-            return await self._complete(req, prompt_ids)
+                return await self._stream(request, kind, req, prompts, choices, arrived)
+            return await self._complete(kind, req, prompts, choices, arrived)
         finally:
             self.active -= 1
             self.engine.metrics.active.set(self.active)
+
+    def _choices(self, req: GenerationRequest, prompts: list[list[int]]) -> list[Choice]:
+        tokenizer = self.engine.loaded.tokenizer
+        echo = isinstance(req, CompletionRequest) and req.echo
+        choices = []
+        for p, ids in enumerate(prompts):
+            for j in range(req.n):
+                watch = StopWatch(lambda t: tokenizer.decode(t, skip_special_tokens=True), req.stop)
+                prefix = tokenizer.decode(ids, skip_special_tokens=True) if echo else ""
+                choices.append(Choice(p * req.n + j, ids, choice_seed(req.seed, j), watch, prefix))
+        return choices
 
     def _check_budget(self, prompt_tokens: int, max_tokens: int) -> None:
         budget = self.engine.budget
@@ -173,97 +282,180 @@ class TargetApp:
                 code="context_length_exceeded",
             )
 
-    async def _encode(self, prompt: str | list[int]) -> list[int]:
+    async def _encode(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
         """Token ids of the prompt. Encoding takes time in proportion to the text (about a second per MiB) and the
         tokenizer releases the GIL: run it on a worker thread, so other completions' rounds go on meanwhile."""
         if not isinstance(prompt, str):
             return prompt
-        tokenizer = self.engine.loaded.tokenizer
-        ids: list[int] = await asyncio.get_running_loop().run_in_executor(None, tokenizer.encode, prompt)
+        encode = functools.partial(self.engine.loaded.tokenizer.encode, add_special_tokens=add_special_tokens)
+        ids: list[int] = await asyncio.get_running_loop().run_in_executor(None, encode, prompt)
         return ids
 
-    def _params(self, req: CompletionRequest) -> SamplingParams:
-        return SamplingParams(temperature=req.temperature, top_p=req.top_p, seed=req.seed)
+    @staticmethod
+    def _params(req: GenerationRequest, seed: int | None) -> SamplingParams:
+        return SamplingParams(temperature=req.temperature, top_p=req.top_p, seed=seed)
 
-    def _envelope(self, cid: str, text: str, finish: str | None) -> dict[str, Any]:
-        return {
-            "id": cid,
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": self.options.served_model,
-            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}],
-        }
-
-    def _usage(self, prompt_ids: list[int], stats: GenerationStats) -> dict[str, Any]:
-        return {
-            "usage": {
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": stats.generated_tokens,
-                "total_tokens": len(prompt_ids) + stats.generated_tokens,
-            },
-            "starsd": {**stats.to_json(), "target": self.options.target_id, "token_ids": stats.token_ids},
-        }
-
-    async def _run(
-        self, req: CompletionRequest, prompt_ids: list[int], stats: GenerationStats
-    ) -> Any:  # AsyncIterator[tuple[str, bool]]: (text so far, finished by a stop sequence)
-        tokenizer = self.engine.loaded.tokenizer
-        stop = None
-        if req.stop:
-            stop = stop_check(lambda ids: tokenizer.decode(ids, skip_special_tokens=True), req.stop)
-        rounds = self.engine.generate(
-            prompt_ids, req.max_tokens, self._params(req), stats, stop, ignore_eos=req.ignore_eos
+    @staticmethod
+    def _controls(req: GenerationRequest) -> RequestControls:
+        return RequestControls(
+            ignore_eos=req.ignore_eos,
+            stop_token_ids=req.stop_token_ids,
+            min_tokens=req.min_tokens,
+            top_k=req.top_k,
+            logit_bias=req.logit_bias,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            repetition_penalty=req.repetition_penalty,
+            logprobs=req.logprobs,
         )
-        async with aclosing(rounds):  # frees the draft session at once when a stop sequence ends early
-            async for _ in rounds:
-                text = tokenizer.decode(stats.token_ids, skip_special_tokens=True)
-                cut = find_stop(text, req.stop) if req.stop else None
-                if cut is not None:
-                    stats.finish_reason = "stop"
-                    yield text[:cut], True
-                    return
-                yield text, False
 
-    async def _complete(self, req: CompletionRequest, prompt_ids: list[int]) -> web.Response:
-        stats = GenerationStats()
-        text = ""
+    def _token_text(self, token: int) -> str:
+        text: str = self.engine.loaded.tokenizer.decode([token])
+        return text
+
+    def _logprobs(self, kind: Kind, req: GenerationRequest, c: Choice, start: int, end: int) -> dict[str, Any] | None:
+        """The ``logprobs`` of the choice's tokens ``start..end`` (None when the request did not ask)."""
+        if req.logprobs is None:
+            return None
+        ids, entries = c.stats.token_ids[start:end], c.stats.logprobs[start:end]
+        if kind == "chat":
+            return chat_logprobs(ids, entries, self._token_text)
+        ends = c.watch.detok.ends
+        offsets = [len(c.prefix) + (ends[i - 1] if i else 0) for i in range(start, start + len(ids))]
+        return completion_logprobs(ids, entries, offsets, self._token_text)
+
+    async def _generate(self, req: GenerationRequest, c: Choice) -> AsyncIterator[None]:
+        """Run one choice; yields after every round that committed tokens (``c.stats`` and ``c.watch`` hold them)."""
+        metrics = self.engine.metrics
+        rounds = self.engine.generate(
+            c.prompt_ids,
+            req.max_tokens,
+            self._params(req, c.seed),
+            c.stats,
+            c.watch.check,
+            controls=self._controls(req),
+        )
+        last = None
+        async with aclosing(rounds):  # frees the draft session at once when a stop sequence ends early
+            async for tokens in rounds:
+                now = time.perf_counter()
+                if last is not None:
+                    metrics.inter_token(now - last, len(tokens))
+                last = now
+                yield
+
+    def _finished(self, choices: list[Choice], arrived: float) -> None:
+        metrics = self.engine.metrics
+        now = time.perf_counter()
+        for c in choices:
+            metrics.finished(c.stats.finish_reason, c.stats.generated_tokens, arrived, c.stats.first_token_at, now)
+
+    def _usage(self, prompts: list[list[int]], choices: list[Choice]) -> dict[str, Any]:
+        generated = sum(c.stats.generated_tokens for c in choices)
+        totals = GenerationStats()
+        for c in choices:
+            for key, value in c.stats.to_json().items():
+                setattr(totals, key, getattr(totals, key) + value)
+        extra: dict[str, Any] = {**totals.to_json(), "target": self.options.target_id}
+        if len(choices) == 1:
+            extra["token_ids"] = choices[0].stats.token_ids
+        else:
+            extra["choices"] = [
+                {"index": c.index, **c.stats.to_json(), "token_ids": c.stats.token_ids} for c in choices
+            ]
+        return {"usage": usage(sum(len(p) for p in prompts), generated), "starsd": extra}
+
+    async def _complete(
+        self, kind: Kind, req: GenerationRequest, prompts: list[list[int]], choices: list[Choice], arrived: float
+    ) -> web.Response:
+        async def run(c: Choice) -> None:
+            async for _ in self._generate(req, c):
+                pass
+
         try:
-            async for chunk, _ in self._run(req, prompt_ids, stats):
-                text = chunk
+            async with asyncio.TaskGroup() as group:
+                for c in choices:
+                    group.create_task(run(c))
         except asyncio.CancelledError:  # the client went away: the generation stops here
             self.engine.metrics.requests.labels(status="client_closed").inc()
             raise
-        except Exception:
+        except BaseExceptionGroup as group_error:
             self.engine.metrics.requests.labels(status="500").inc()
-            raise
+            raise group_error.exceptions[0] from None
         self.engine.metrics.requests.labels(status="200").inc()
-        body = self._envelope(f"cmpl-{uuid.uuid4().hex}", text, stats.finish_reason)
-        body.update(self._usage(prompt_ids, stats))
+        self._finished(choices, arrived)
+        prefix = "cmpl" if kind == "text" else "chatcmpl"
+        body = envelope(
+            kind,
+            f"{prefix}-{uuid.uuid4().hex}",
+            self.options.served_model,
+            [
+                choice(
+                    kind,
+                    c.index,
+                    c.prefix + c.watch.text,
+                    c.stats.finish_reason,
+                    self._logprobs(kind, req, c, 0, len(c.stats.token_ids)),
+                    chunk=False,
+                )
+                for c in choices
+            ],
+            chunk=False,
+        )
+        body.update(self._usage(prompts, choices))
         return web.json_response(body)
 
-    async def _stream(self, request: web.Request, req: CompletionRequest, prompt_ids: list[int]) -> web.StreamResponse:
+    async def _stream(
+        self,
+        request: web.Request,
+        kind: Kind,
+        req: GenerationRequest,
+        prompts: list[list[int]],
+        choices: list[Choice],
+        arrived: float,
+    ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        cid = f"cmpl-{uuid.uuid4().hex}"
-        stats = GenerationStats()
-        sent = 0
+        cid = f"{'cmpl' if kind == 'text' else 'chatcmpl'}-{uuid.uuid4().hex}"
+        model = self.options.served_model
+        lock = asyncio.Lock()
 
         async def event(payload: dict[str, Any] | str) -> None:
             data = payload if isinstance(payload, str) else json.dumps(payload)
-            await response.write(f"data: {data}\n\n".encode())
+            async with lock:
+                await response.write(f"data: {data}\n\n".encode())
 
-        text = ""
+        async def send(c: Choice, text: str, finish: str | None, first: bool = False) -> None:
+            start, end = c.reported, len(c.stats.token_ids)
+            logprobs = None if first else self._logprobs(kind, req, c, start, end)
+            c.reported = end if not first else c.reported
+            part = choice(kind, c.index, text, finish, logprobs, chunk=True, first=first)
+            await event(envelope(kind, cid, model, [part], chunk=True))
+
+        async def run(c: Choice) -> None:
+            if kind == "chat":
+                await send(c, "", None, first=True)
+            elif c.prefix:
+                await send(c, c.prefix, None)
+            async for _ in self._generate(req, c):
+                safe = c.watch.streamable()
+                if safe > c.sent:
+                    await send(c, c.watch.text[c.sent : safe], None)
+                    c.sent = safe
+            await send(c, c.watch.text[c.sent :], c.stats.finish_reason)
+
         try:
-            async for text, _ in self._run(req, prompt_ids, stats):
-                safe = stream_safe_length(text, req.stop) if req.stop else len(text)
-                safe = min(safe, len(text.rstrip("\ufffd")))  # an incomplete UTF-8 sequence waits for its rest
-                if safe > sent:
-                    await event(self._envelope(cid, text[sent:safe], None))
-                    sent = safe
-            final = self._envelope(cid, text[sent:], stats.finish_reason)
+            try:
+                async with asyncio.TaskGroup() as group:
+                    for c in choices:
+                        group.create_task(run(c))
+            except BaseExceptionGroup as group_error:
+                raise group_error.exceptions[0] from None
+            self._finished(choices, arrived)
             if req.include_usage_in_stream:
-                final.update(self._usage(prompt_ids, stats))
-            await event(final)
+                final = envelope(kind, cid, model, [], chunk=True)
+                final.update(self._usage(prompts, choices))
+                await event(final)
             await event("[DONE]")
             self.engine.metrics.requests.labels(status="200").inc()
         except (ConnectionResetError, asyncio.CancelledError):
@@ -276,3 +468,17 @@ class TargetApp:
             await event("[DONE]")
         await response.write_eof()
         return response
+
+
+@dataclass
+class Choice:
+    """One choice of a request while it is generated: its prompt, seed, statistics and text."""
+
+    index: int
+    prompt_ids: list[int]
+    seed: int | None
+    watch: StopWatch
+    prefix: str = ""  # echo: the prompt's text before the completion's
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    sent: int = 0  # characters of watch.text streamed
+    reported: int = 0  # tokens whose logprobs were streamed
