@@ -59,7 +59,15 @@ def test_streaming_sends_the_same_text_as_one_response(star4: LocalStar) -> None
     whole = complete(star4.urls[1], prompt)
     req = urllib.request.Request(
         f"{star4.urls[1]}/v1/completions",
-        data=json.dumps({"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}).encode(),
+        data=json.dumps(
+            {
+                "prompt": prompt,
+                "max_tokens": MAX_TOKENS,
+                "temperature": 0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        ).encode(),
         headers={"Content-Type": "application/json"},
     )
     chunks = []
@@ -69,10 +77,11 @@ def test_streaming_sends_the_same_text_as_one_response(star4: LocalStar) -> None
             if line.startswith("data: "):
                 chunks.append(line[6:])
     assert chunks[-1] == "[DONE]"
-    events = [json.loads(c) for c in chunks[:-1]]
+    *events, usage = [json.loads(c) for c in chunks[:-1]]
     assert "".join(e["choices"][0]["text"] for e in events) == whole["choices"][0]["text"]
     assert events[-1]["choices"][0]["finish_reason"] == "length"
-    assert events[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
+    assert usage["choices"] == []  # OpenAI's usage chunk, asked for with stream_options
+    assert usage["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
 
 
 def test_models_health_and_metrics_endpoints(star4: LocalStar) -> None:

@@ -125,6 +125,8 @@ async def run_async(work: Workload) -> list[Outcome]:
                 "temperature": 0.0 if greedy else 0.8,
                 "stream": out.stream,
             }
+            if out.stream:
+                body["stream_options"] = {"include_usage": True}
             if not greedy:
                 body["seed"] = rng.randrange(2**31)
             outcomes.append(out)
@@ -214,7 +216,13 @@ class HeldStream:
     def __init__(self, url: str, prompt: str | list[int], max_tokens: int) -> None:
         host, _, port = url.removeprefix("http://").rpartition(":")
         self.conn = http.client.HTTPConnection(host, int(port), timeout=120)
-        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+        body = {
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         self.conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
         self.response = self.conn.getresponse()
         self.status = self.response.status
