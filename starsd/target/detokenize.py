@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from starsd.target.api import stream_safe_length
+
 # Tokens of context a window keeps before the ones not yet turned into text (enough for merges across tokens).
 WINDOW = 6
 
@@ -85,13 +87,6 @@ class StopWatch:
 
     def streamable(self) -> int:
         """How much of ``text`` may be sent: all of it but a tail that could begin a stop sequence."""
-        text = self.text
         if self.cut is not None or not self.stops:
-            return len(text)
-        hold = 0
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(text)), 0, -1):
-                if text.endswith(s[:k]):
-                    hold = max(hold, k)
-                    break
-        return len(text) - hold
+            return len(self.text)
+        return stream_safe_length(self.text, self.stops)

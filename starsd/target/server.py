@@ -166,13 +166,7 @@ class TargetApp:
         check_model(body, (self.options.served_model,))
         if "messages" in body:
             check_fields(body, {"model", "messages", "add_generation_prompt"}, "/tokenize")
-            chat = parse_chat({"messages": body["messages"]}, self.limits, (self.options.served_model,))
-            if "add_generation_prompt" in body:
-                chat = parse_chat(
-                    {"messages": body["messages"], "add_generation_prompt": body["add_generation_prompt"]},
-                    self.limits,
-                    (self.options.served_model,),
-                )
+            chat = parse_chat(body, self.limits, (self.options.served_model,))
             ids = render_chat(self.engine.loaded.tokenizer, chat, self.chat_template)
         else:
             check_fields(body, {"model", "prompt", "add_special_tokens"}, "/tokenize")
