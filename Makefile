@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 UV_VERSION := 0.13.9
 
-.PHONY: help install demo test unit e2e soak bench lint format proto models images cluster-build cluster-up cluster-down clean
+.PHONY: help install demo test unit e2e soak bench bench-aiperf lint format proto models images cluster-build cluster-up cluster-down clean
 IMAGE_TAG ?= 0.1.0
 VARIANT ?= cpu
 
@@ -48,6 +48,18 @@ bench: install ## the star benchmark and the serving benchmark of one target (JS
 	$(BIN)/starsd bench star --json bench/results/star.json --plot bench/results/star.png
 	$(BIN)/starsd bench serve --local-targets 1 --no-draft --concurrency 1,16 --json bench/results/serve-alone.json
 	$(BIN)/starsd bench serve --local-targets 1 --concurrency 1,16 --json bench/results/serve-draft.json
+	$(MAKE) --no-print-directory bench-aiperf
+
+AIPERF_VENV := .venv-aiperf
+
+$(AIPERF_VENV)/.installed: bench/aiperf.lock | $(STAMP)
+	@echo "installing AIPerf, the benchmark client, into $(AIPERF_VENV)/ (apart from the project's own .venv/)"
+	$(BIN)/uv venv -q --allow-existing --python $(BIN)/python $(AIPERF_VENV)
+	$(BIN)/uv pip install -q --python $(AIPERF_VENV)/bin/python -r bench/aiperf.lock
+	@touch $@
+
+bench-aiperf: install $(AIPERF_VENV)/.installed ## AIPerf (a vLLM-style benchmark client) on a local star (bench/results/aiperf/)
+	$(BIN)/python -m starsd.bench.aiperf_run --aiperf $(AIPERF_VENV)/bin/aiperf --out bench/results/aiperf
 
 lint: install ## ruff, the formatter check and mypy
 	$(BIN)/ruff check .
@@ -85,4 +97,4 @@ cluster-down: ## stop it and remove its state
 	bash e2e/cluster/cluster.sh down
 
 clean: ## remove caches and build outputs (not .venv)
-	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info bench/results
+	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info bench/results $(AIPERF_VENV)
