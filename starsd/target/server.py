@@ -281,7 +281,8 @@ class TargetApp:
         tokenizer releases the GIL: run it on a worker thread, so other completions' rounds go on meanwhile."""
         if not isinstance(prompt, str):
             return prompt
-        encode = functools.partial(self.engine.loaded.tokenizer.encode, add_special_tokens=add_special_tokens)
+        tokenizer = self.engine.loaded.tokenizer
+        encode = tokenizer.encode if add_special_tokens else functools.partial(tokenizer.encode, add_special_tokens=False)
         ids: list[int] = await asyncio.get_running_loop().run_in_executor(None, encode, prompt)
         return ids
 

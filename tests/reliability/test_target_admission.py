@@ -68,10 +68,13 @@ class GatedEngine:
         stats: GenerationStats,
         stop: StopCheck | None = None,
         ignore_eos: bool = False,
+        controls: object = None,
     ) -> AsyncIterator[list[int]]:
         self.started.set()
         for _ in range(max_tokens):
             await self.gate.wait()
+            if stop is not None:  # the engine's contract: every round's tokens go through the stop check
+                stop(stats.token_ids, [5])
             stats.rounds += 1
             stats.generated_tokens += 1
             stats.token_ids.append(5)
@@ -160,8 +163,11 @@ class FailingEngine(GatedEngine):
         stats: GenerationStats,
         stop: StopCheck | None = None,
         ignore_eos: bool = False,
+        controls: object = None,
     ) -> AsyncIterator[list[int]]:
         for _ in range(self.good):
+            if stop is not None:
+                stop(stats.token_ids, [5])
             stats.generated_tokens += 1
             stats.token_ids.append(5)
             yield [5]
