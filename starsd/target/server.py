@@ -282,7 +282,9 @@ class TargetApp:
         if not isinstance(prompt, str):
             return prompt
         tokenizer = self.engine.loaded.tokenizer
-        encode = tokenizer.encode if add_special_tokens else functools.partial(tokenizer.encode, add_special_tokens=False)
+        encode = tokenizer.encode
+        if not add_special_tokens:
+            encode = functools.partial(tokenizer.encode, add_special_tokens=False)
         ids: list[int] = await asyncio.get_running_loop().run_in_executor(None, encode, prompt)
         return ids
 
