@@ -10,6 +10,10 @@ in one buffer and copied back row by row.
 from __future__ import annotations
 
 import inspect
+import itertools
+import threading
+import weakref
+from dataclasses import dataclass
 from functools import cache as _memoize
 from typing import Any
 
@@ -165,3 +169,191 @@ def copy_row(batch: Cache, row: int, spans: list[tuple[int, int]], into: Cache, 
         for start, end in spans:
             if end > start:
                 into.update(src.keys[row : row + 1, :, start:end], src.values[row : row + 1, :, start:end], index)
+
+
+def grown_shape(have: tuple[int, int], need: tuple[int, int], limit: int | None) -> tuple[int, int]:
+    """The ``(slots, capacity)`` a :class:`SlotPool` reallocates to when it holds ``have`` and needs ``need``.
+
+    A dimension that must grow at least doubles (so that growing is rare); a dimension that need not grow keeps
+    its size. Neither grows past what ``slots * capacity <= limit`` allows (the doubling's slack is given up
+    first, then the unneeded size), and never below ``need``: admission guarantees ``need`` fits the limit.
+    """
+    (have_s, have_c), (need_s, need_c) = have, need
+    s = have_s if need_s <= have_s else max(need_s, 2 * have_s)
+    c = have_c if need_c <= have_c else max(need_c, 2 * have_c)
+    if limit is not None and s * c > limit:
+        c = max(need_c, min(c, limit // max(s, 1)))
+        s = max(need_s, min(s, limit // max(c, 1)))
+        c = max(need_c, min(c, limit // max(s, 1)))
+    return s, c
+
+
+class SlotPool:
+    """Every running session's keys and values in one buffer per layer: ``[slots, H, capacity, D]``.
+
+    A session owns a slot (a row) and keeps its tokens' keys and values left-aligned in it, so a step over any
+    set of sessions needs no copy of their caches: each forward pass writes its new keys in place
+    (:meth:`step_cache`) and reads the rows it runs. Rolling back rejected drafts is the session's own length
+    going down. The pool grows by reallocating (moving the live rows, which may renumber their slots) and never
+    past ``limit`` slots x capacity tokens (None: unbounded). Thread-safe: slots are taken on the event loop and
+    freed by their holders or by finalizers, while steps run on the model thread.
+    """
+
+    def __init__(
+        self,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        limit: int | None = None,
+    ) -> None:
+        self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
+        self.dtype, self.device, self.limit = dtype, device, limit
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.slots = 0
+        self.capacity = 0
+        self._index: dict[int, int] = {}  # a live slot's key -> its row
+        self._extents: dict[int, int] = {}  # a live slot's key -> columns it has written
+        self._keys = itertools.count()
+        self._lock = threading.Lock()
+
+    @property
+    def used(self) -> int:
+        return len(self._index)
+
+    def take(self) -> PoolSlot:
+        """A free slot; freed by :meth:`PoolSlot.release` or when its handle is garbage-collected. Call it on the
+        thread that runs the steps (it may reallocate, which moves rows)."""
+        with self._lock:
+            taken = set(self._index.values())
+            row = next((i for i in range(self.slots) if i not in taken), None)
+            if row is None:
+                self._reallocate((self.used + 1, self._extent()))
+                taken = set(self._index.values())
+                row = next(i for i in range(self.slots) if i not in taken)
+            key = next(self._keys)
+            self._index[key] = row
+            self._extents[key] = 0
+        return PoolSlot(self, key)
+
+    def free(self, key: int) -> None:
+        with self._lock:
+            self._index.pop(key, None)
+            self._extents.pop(key, None)
+
+    def reserve(self, capacity: int) -> None:
+        """Make every slot hold at least ``capacity`` tokens (on the thread that runs the steps)."""
+        with self._lock:
+            if capacity > self.capacity:
+                self._reallocate((self.used, max(capacity, self._extent())))
+
+    def _extent(self) -> int:
+        """Columns that some live slot has written: what a reallocation must keep."""
+        return max(self._extents.values(), default=0)
+
+    def _reallocate(self, need: tuple[int, int]) -> None:
+        slots, capacity = grown_shape((self.slots, self.capacity), need, self.limit)
+        if self.limit is not None and slots * capacity > self.limit:
+            raise MemoryError(
+                f"the key/value pool needs {need[0]} slots x {need[1]} tokens, over its limit of {self.limit} tokens"
+            )
+        live = sorted(self._index.items(), key=lambda item: item[1])  # (key, old row)
+        compact = slots < self.slots
+        moved = {key: (new if compact else old) for new, (key, old) in enumerate(live)}
+        keep = min(capacity, self.capacity)
+        shape = (slots, self.kv_heads, capacity, self.head_dim)
+        if live and keep:
+            source = torch.tensor([old for _, old in live], device=self.device)
+            dest = torch.tensor([moved[key] for key, _ in live], device=self.device)
+        for store in (self.keys, self.values):
+            for index in range(self.layers):
+                fresh = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                if live and keep:
+                    fresh[dest, :, :keep] = store[index][source, :, :keep]
+                if index < len(store):
+                    store[index] = fresh
+                else:
+                    store.append(fresh)
+        self._index = moved  # the extents stay with their keys
+        self.slots, self.capacity = slots, capacity
+
+    def step_cache(self, slots: list[PoolSlot], cached: list[int], widths: list[int]) -> Cache:
+        """The cache of one forward pass over ``slots``: row ``b`` has ``cached[b]`` tokens in its slot and feeds
+        ``widths[b]`` new ones, right-aligned in a feed of ``max(widths)`` (see
+        :func:`starsd.target.batching.step_layout`). The pass writes each real token's keys and values at its
+        slot's next columns, the padding's at the column after them (never attended), and attends columns
+        ``[0, max(cached + widths))`` of its rows. Call :meth:`reserve` first."""
+        width = max(widths)
+        length = max(c + w for c, w in zip(cached, widths, strict=True))
+        if length >= self.capacity:
+            raise ValueError(f"reserve({length + 1}) before this step: the pool holds {self.capacity} tokens a slot")
+        with self._lock:
+            rows = [self._index[slot.key] for slot in slots]
+            for slot, c, w in zip(slots, cached, widths, strict=True):
+                self._extents[slot.key] = max(self._extents[slot.key], c + w + 1)
+        offsets = torch.arange(width).unsqueeze(0)  # [1, W]
+        c_ = torch.tensor(cached).unsqueeze(1)  # [B, 1]
+        w_ = torch.tensor(widths).unsqueeze(1)
+        columns = torch.where(offsets < width - w_, c_ + w_, c_ + offsets - (width - w_))  # [B, W]
+        row_ids = torch.tensor(rows).unsqueeze(1).expand(-1, width)
+        first = rows[0]
+        view = slice(first, first + len(rows)) if rows == list(range(first, first + len(rows))) else None
+        single = (rows[0], cached[0]) if len(rows) == 1 else None
+        where = _StepWhere(row_ids.to(self.device), columns.to(self.device), rows, view, single, length, width)
+        layers: list[Any] = [SlotStepLayer(self, index, where) for index in range(self.layers)]
+        return Cache(layers=layers)
+
+
+class PoolSlot:
+    """A session's slot in a :class:`SlotPool` (its row may move when the pool reallocates)."""
+
+    def __init__(self, pool: SlotPool, key: int) -> None:
+        self.key = key
+        self._finalizer = weakref.finalize(self, pool.free, key)
+
+    def release(self) -> None:
+        self._finalizer()
+
+
+@dataclass(frozen=True)
+class _StepWhere:
+    rows: torch.Tensor  # [B, W]: each fed position's slot
+    columns: torch.Tensor  # [B, W]: and column
+    slots: list[int]
+    view: slice | None  # the step's rows as one slice of the pool, when they are consecutive
+    single: tuple[int, int] | None  # a step of one row: (its row, its first new column)
+    length: int  # columns attended
+    width: int  # positions fed
+
+
+class SlotStepLayer(DynamicLayer):
+    """One layer of a :meth:`SlotPool.step_cache`: writes into the pool, reads the step's rows."""
+
+    def __init__(self, pool: SlotPool, index: int, where: _StepWhere) -> None:
+        super().__init__()
+        self.pool, self.index, self.where = pool, index, where
+        self.dtype, self.device = pool.dtype, pool.device
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        where = self.where
+        keys, values = self.pool.keys[self.index], self.pool.values[self.index]
+        if where.single is not None:  # one row, no padding: a slice, not a scatter
+            row, start = where.single
+            end = start + where.width
+            keys[row, :, start:end] = key_states[0]
+            values[row, :, start:end] = value_states[0]
+            return keys[row : row + 1, :, :end], values[row : row + 1, :, :end]
+        keys[where.rows, :, where.columns] = key_states.transpose(1, 2)  # [B, W, H, D]
+        values[where.rows, :, where.columns] = value_states.transpose(1, 2)
+        if where.view is not None:
+            return keys[where.view, :, : where.length], values[where.view, :, : where.length]
+        rows = torch.tensor(where.slots, device=self.device)
+        return keys[:, :, : where.length].index_select(0, rows), values[:, :, : where.length].index_select(0, rows)
+
+    def get_seq_length(self) -> int:
+        return self.where.length - self.where.width

@@ -197,3 +197,30 @@ def test_a_batched_step_of_ragged_sessions_matches_each_session_alone(random_pai
                 news[i] = outcome.tokens
     for out, reference in zip(outs, references, strict=True):
         assert out[:12] == reference[:12]
+
+
+def test_sessions_that_join_and_leave_a_bounded_pool_keep_their_greedy_output(random_pair: tuple[Path, Path]) -> None:
+    """Sessions start and finish at different steps, so slots are freed, reused and compacted (rows renumbered)
+    in a pool held to 4 slots of 64 tokens; every session still decodes exactly its prompt's greedy output."""
+    target = load_checkpoint(random_pair[1])
+    prompts = [[5, 17, 42], list(range(10, 40)), [7], [3, 1, 4, 1, 5], list(range(100, 120)), [9, 9]]
+    lengths = [6, 10, 14, 8, 12, 5]
+    references = [autoregressive_reference(target, p, n) for p, n in zip(prompts, lengths, strict=True)]
+    runner = TargetRunner(target, kv_tokens=4 * 64)
+    starts = [0, 0, 1, 3, 6, 9]  # the step at which each session arrives
+    sessions = {}
+    outs: dict[int, list[int]] = {}
+    for step in range(40):
+        for i, start in enumerate(starts):
+            if start == step:
+                sessions[i], outs[i] = runner.new_session(prompts[i]), []
+        rows = [StepRow(s, [], GREEDY) for s in sessions.values()]
+        for (i, session), outcome in zip(list(sessions.items()), runner.step(rows), strict=True):
+            outs[i].extend(outcome.tokens)
+            if len(outs[i]) >= lengths[i]:
+                runner.release(session)
+                del sessions[i]
+        assert runner.pool.slots * runner.pool.capacity <= 4 * 64
+    assert not sessions and runner.pool.used == 0
+    for i, reference in enumerate(references):
+        assert outs[i][: lengths[i]] == reference

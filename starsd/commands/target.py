@@ -50,7 +50,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--kv-cache-tokens",
         type=int,
         default=None,
-        help="key/value cache budget in tokens; each running completion reserves prompt + max_tokens + gamma "
+        help="key/value pool size in tokens; each running completion gets a slot as long as the longest running "
+        "one's prompt + max_tokens + gamma, and running x longest stays within it "
         "(default: --max-num-seqs full contexts on the CPU; on CUDA, what --gpu-memory-fraction leaves)",
     )
     batching.add_argument(

@@ -1,12 +1,13 @@
 """The target's model step: one forward pass over every ready session, then one batched verification.
 
 A step takes rows of different sessions. Each row feeds its uncached committed tokens (a new session's prompt,
-or a chunk of it, or the tokens committed last round) followed by its drafts ``d_1..d_gamma``. Rows are laid
-out in one padded batch (see :func:`step_layout`): each session's cached keys and values right-aligned in the
-columns ``[0, past)``, each row's feed right-aligned in ``[past, past + width)``, so that every row's last
-``gamma + 1`` positions (the ones verification needs) are the batch's last columns, and a 4-D mask hides the
-padding. Rows of very different widths (a long prompt chunk beside one-token decodes) run as separate forward
-passes in the same step, so that decodes are not padded to a prompt's width.
+or a chunk of it, or the tokens committed last round) followed by its drafts ``d_1..d_gamma``. Every session's
+keys and values live in its own slot of one preallocated pool (:class:`starsd.kvcache.SlotPool`), left-aligned,
+so a step copies no cache: the forward pass writes the new keys in place and attends its rows' slots. The feeds
+are right-aligned in one padded batch, so that every row's last ``gamma + 1`` positions (the ones verification
+needs) are the batch's last columns, and a 4-D mask (see :func:`step_layout`) hides the padding. Rows of very
+different widths (a long prompt chunk beside one-token decodes) run as separate forward passes in the same
+step, so that decodes are not padded to a prompt's width.
 
 Verification runs on the model's device for the whole step (:func:`starsd.sampling.verify_batch`) and the step
 copies one small tensor to the host: each row's accepted count and last token. The per-sequence functions of
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from starsd.runners import LoadedModel, new_cache
+from starsd.runners import LoadedModel
 from starsd.sampling import SamplingParams, dense_from_sparse, probs_batch, step_draws, verify_batch
 
 # Rows whose feed is at most this many times the narrowest row's (and at most NARROW_EXTRA wider) share a pass.
@@ -35,8 +36,8 @@ class TargetSession:
     """The target's state for one completion."""
 
     committed: list[int]  # prompt + generated tokens
-    cache: Any = None
-    cached_len: int = 0  # committed[:cached_len] have keys/values in the cache
+    slot: Any = None  # starsd.kvcache.PoolSlot: its keys and values' row in the runner's pool, from its first step
+    cached_len: int = 0  # committed[:cached_len] have keys/values in the slot
 
     @property
     def uncached(self) -> int:
@@ -87,25 +88,24 @@ class TokenLogprobs:
 
 
 def step_layout(cached: list[int], widths: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The attention mask ``[B, 1, W, past + W]`` (True: attend) and position ids ``[B, W]`` of a step.
+    """The attention mask ``[B, 1, W, K]`` (True: attend) and position ids ``[B, W]`` of a forward pass.
 
-    Row ``b`` has ``cached[b]`` keys right-aligned in ``[0, past)`` and its ``widths[b]`` new tokens
-    right-aligned in ``[past, past + W)``. A query attends the row's real columns up to its own; a padding
-    query attends only itself, so that no attention row is empty (an empty one would make NaNs that spread
-    through the padding's keys and values).
+    Row ``b`` has ``cached[b]`` keys in columns ``[0, cached[b])`` and feeds ``widths[b]`` tokens right-aligned in
+    ``W = max(widths)`` query positions, whose keys go to the columns after its cached ones; ``K`` is the widest
+    row's ``cached + width``. A real query attends its row's columns up to its own; a padding query attends only
+    column 0 (always a real key), so that no attention row is empty (an empty one would make NaNs).
     """
-    past, width = max(cached), max(widths)
-    total = past + width
-    columns = torch.arange(total, device=device)
+    width = max(widths)
+    total = max(c + w for c, w in zip(cached, widths, strict=True))
     c = torch.tensor(cached, device=device).unsqueeze(1)  # [B, 1]
     w = torch.tensor(widths, device=device).unsqueeze(1)
-    real = ((columns >= past - c) & (columns < past)) | (columns >= past + width - w)  # [B, K]
-    query_columns = past + torch.arange(width, device=device)  # [W]
-    causal = columns.unsqueeze(0) <= query_columns.unsqueeze(1)  # [W, K]
-    mask = real[:, None, None, :] & causal[None, None, :, :]
-    mask |= (columns.unsqueeze(0) == query_columns.unsqueeze(1))[None, None]  # every query sees itself
-    positions = c + torch.arange(width, device=device).unsqueeze(0) - (width - w)  # [B, W]
-    return mask, positions.clamp(min=0)
+    offsets = torch.arange(width, device=device).unsqueeze(0)  # [1, W]
+    real = offsets >= width - w  # [B, W]
+    positions = torch.where(real, c + offsets - (width - w), 0)  # [B, W]: each query's own column
+    columns = torch.arange(total, device=device)  # [K]
+    mask = columns[None, None, :] <= positions[:, :, None]  # [B, W, K]
+    mask &= real[:, :, None] | (columns == 0)[None, None, :]
+    return mask.unsqueeze(1), positions
 
 
 def width_groups(widths: list[int]) -> list[list[int]]:
@@ -124,27 +124,44 @@ def width_groups(widths: list[int]) -> list[list[int]]:
 class TargetRunner:
     """Runs steps of many sessions on one target model (one step at a time)."""
 
-    def __init__(self, loaded: LoadedModel) -> None:
+    def __init__(self, loaded: LoadedModel, kv_tokens: int | None = None) -> None:
+        """``kv_tokens``: the most key/value tokens (slots x capacity) the pool may hold; None: no bound."""
+        from starsd import kvcache  # imports transformers: only once a model is in use
+        from starsd.target.memory import kv_geometry
+
         self.loaded = loaded
         self.device = loaded.device
         self._lock = threading.Lock()
-        self._layers = int(loaded.model.config.num_hidden_layers)
+        layers, heads, head_dim = kv_geometry(loaded.model.config)
+        self.pool = kvcache.SlotPool(layers, heads, head_dim, loaded.placement.dtype, self.device, kv_tokens)
         params = inspect.signature(loaded.model.forward).parameters
         self._logits_to_keep = "logits_to_keep" in params
 
     def new_session(self, prompt: list[int]) -> TargetSession:
         if not prompt:
             raise ValueError("the prompt must hold at least one token")
-        return TargetSession(committed=list(prompt), cache=new_cache())
+        return TargetSession(committed=list(prompt))
+
+    def release(self, session: TargetSession) -> None:
+        """Free a finished session's slot (a session dropped without this is freed when collected)."""
+        if session.slot is not None:
+            session.slot.release()
+            session.slot = None
 
     def step(self, rows: list[StepRow]) -> list[RowOutcome]:
         """Forward every row, verify the verifying rows together, commit each; one outcome per row, in order."""
         feeds = [row.feed() for row in rows]
+        if not rows:
+            return []
         if any(not f for f in feeds):
             raise ValueError("every row of a step must feed at least one token")
         keep = 1 + max((len(r.drafts) for r in rows if r.verify), default=0)  # positions verification needs
         logits: list[torch.Tensor] = [torch.empty(0)] * len(rows)  # every row's is set by its forward pass
         with self._lock, torch.inference_mode():
+            for row in rows:
+                if row.session.slot is None:
+                    row.session.slot = self.pool.take()
+            self.pool.reserve(1 + max(r.session.cached_len + len(f) for r, f in zip(rows, feeds, strict=True)))
             for group in width_groups([len(f) for f in feeds]):
                 out = self._forward([rows[i] for i in group], [feeds[i] for i in group], keep)
                 for j, i in enumerate(group):
@@ -176,36 +193,26 @@ class TargetRunner:
         with fewer positions repeats its first; only its own last ``gamma + 1`` are read)."""
         from starsd import kvcache  # imports transformers: only once a model is in use
 
-        model, device = self.loaded.model, self.device
-        kwargs: dict[str, Any] = {}
-        if len(rows) == 1:  # nothing to pad: the session's own cache, no copies
-            session, feed = rows[0].session, feeds[0]
-            input_ids = torch.tensor([feed], dtype=torch.long, device=device)
-            if self._logits_to_keep:
-                kwargs["logits_to_keep"] = min(keep, len(feed))
-            kwargs.update(kvcache.with_cache(session.cache))
-            out = model(input_ids=input_ids, use_cache=True, **kwargs).logits
-            return _last_positions(out, [len(feed)], keep)
+        device = self.device
         cached = [r.session.cached_len for r in rows]
         widths = [len(f) for f in feeds]
-        past, width = max(cached), max(widths)
-        cache = kvcache.batch_cache([r.session.cache for r in rows], cached, self._layers, past + width)
+        width = max(widths)
+        cache = self.pool.step_cache([r.session.slot for r in rows], cached, widths)
         input_ids = torch.zeros(len(rows), width, dtype=torch.long)
         for b, feed in enumerate(feeds):
             input_ids[b, width - len(feed) :] = torch.tensor(feed)
-        mask, positions = step_layout(cached, widths, device)
+        kwargs: dict[str, Any] = {}
+        if len(rows) > 1:  # one row has no padding: the model's own causal mask and positions are right
+            mask, positions = step_layout(cached, widths, device)
+            kwargs.update(attention_mask=mask, position_ids=positions)
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = min(keep, width)
-        out = model(
+        out = self.loaded.model(
             input_ids=input_ids.to(device),
-            attention_mask=mask,
-            position_ids=positions,
             use_cache=True,
             **kvcache.with_cache(cache),
             **kwargs,
         ).logits
-        for b, (row, w) in enumerate(zip(rows, widths, strict=True)):
-            kvcache.copy_row(cache, b, [(past + width - w, past + width)], row.session.cache, self._layers)
         return _last_positions(out, [width] * len(rows), keep)
 
     def _verify(self, rows: list[StepRow], logits: list[torch.Tensor], keep: int) -> list[tuple[int, int]]:
@@ -238,14 +245,13 @@ class TargetRunner:
         return list(zip(pairs[0], pairs[1], strict=True))
 
     def _commit(self, row: StepRow, outcome: RowOutcome) -> None:
-        """Crop the rejected drafts from the cache and append the committed tokens."""
+        """Drop the rejected drafts from the session's cached length and append the committed tokens."""
         session = row.session
         if not row.verify:
             session.cached_len += row.prefill
             return
-        keep = len(session.committed) + outcome.accepted  # the cache holds committed + all drafts
-        session.cache.crop(keep)
-        session.cached_len = keep
+        # The slot holds committed + all drafts; the rejected drafts' columns are overwritten by later steps.
+        session.cached_len = len(session.committed) + outcome.accepted
         session.committed.extend(outcome.tokens)
 
 

@@ -126,10 +126,10 @@ class TargetEngine:
     batching: BatchOptions = field(default_factory=BatchOptions)
 
     def __post_init__(self) -> None:
-        self.runner = TargetRunner(self.loaded)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="target-model")
         b = self.batching
         kv_tokens = b.kv_cache_tokens or kv_budget_tokens(self.loaded, b.max_num_seqs, DEFAULT_GPU_MEMORY_FRACTION)
+        self.runner = TargetRunner(self.loaded, kv_tokens)
         self.budget = KvBudget(b.max_num_seqs, kv_tokens)
         step_tokens = b.max_prefill_tokens + b.max_num_seqs * (self.gamma + 1)
         self.scheduler: StepScheduler[StepRow, RowOutcome] = StepScheduler(
@@ -186,6 +186,7 @@ class TargetEngine:
         await self.budget.acquire(reserved)
         self.metrics.running.set(self.budget.running)
         link = None
+        session = None
         try:
             session = self.runner.new_session(prompt)
             seed = request_seed(params.seed)
@@ -257,5 +258,7 @@ class TargetEngine:
         finally:
             if link is not None:
                 link.release()
+            if session is not None:
+                self.runner.release(session)
             self.budget.release(reserved)
             self.metrics.running.set(self.budget.running)

@@ -5,9 +5,11 @@ due, or whose prompt needs prefill) and runs them as one step on the model threa
 ends; rows that arrive meanwhile join the next step. A session waiting for its draft is simply not in the
 queue, so it never holds up the others, and a finished or cancelled session leaves at once.
 
-:class:`KvBudget` admits completions: at most ``max_num_seqs`` run at once and their key/value tokens
-(prompt + max_tokens + gamma, reserved up front, so a running completion never runs out) stay within
-``kv_tokens``. Others wait in arrival order; the HTTP server bounds the wait queue and answers 429 beyond it.
+:class:`KvBudget` admits completions: at most ``max_num_seqs`` run at once, and the key/value pool that holds
+them stays within ``kv_tokens``. The pool gives every running completion a slot as long as the longest one's
+reservation (prompt + max_tokens + gamma, reserved up front, so a running completion never runs out), so the
+rule is ``running x longest reservation <= kv_tokens``. Others wait in arrival order; the HTTP server bounds
+the wait queue and answers 429 beyond it.
 """
 
 from __future__ import annotations
@@ -127,16 +129,26 @@ class KvBudget:
 
     max_num_seqs: int
     kv_tokens: int
-    running: int = 0
-    reserved: int = 0
+    _reservations: collections.Counter[int] = field(default_factory=collections.Counter)  # running: tokens -> count
     _waiters: collections.deque[_Waiter] = field(default_factory=collections.deque)
 
     @property
     def waiting(self) -> int:
         return len(self._waiters)
 
+    @property
+    def running(self) -> int:
+        return self._reservations.total()
+
+    @property
+    def reserved(self) -> int:
+        """The pool's tokens in use: running completions x the longest reservation among them."""
+        return self.running * max(self._reservations, default=0)
+
     def _fits(self, tokens: int) -> bool:
-        return self.running < self.max_num_seqs and self.reserved + tokens <= self.kv_tokens
+        running = self.running
+        longest = max(tokens, max(self._reservations, default=0))
+        return running < self.max_num_seqs and (running + 1) * longest <= self.kv_tokens
 
     async def acquire(self, tokens: int) -> None:
         if tokens > self.kv_tokens:
@@ -160,12 +172,12 @@ class KvBudget:
             raise
 
     def _grant(self, tokens: int) -> None:
-        self.running += 1
-        self.reserved += tokens
+        self._reservations[tokens] += 1
 
     def release(self, tokens: int) -> None:
-        self.running -= 1
-        self.reserved -= tokens
+        self._reservations[tokens] -= 1
+        if not self._reservations[tokens]:
+            del self._reservations[tokens]
         self._wake()
 
     def _wake(self) -> None:
