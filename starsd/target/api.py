@@ -83,9 +83,9 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "suffix": (None, ""),
 }
 # Accepted and ignored: they do not change the output.
-_IGNORED = {"user", "metadata"}
+HARMLESS_FIELDS = {"user", "metadata"}
 # The fields every generation endpoint reads (the others are endpoint-specific).
-_COMMON = {
+COMMON_FIELDS = {
     "model",
     "max_tokens",
     "temperature",
@@ -105,7 +105,7 @@ _COMMON = {
     "top_k",
     "repetition_penalty",
 }
-COMPLETION_FIELDS = _COMMON | _IGNORED | set(_UNSUPPORTED) | {"prompt", "echo", "logprobs"}
+COMPLETION_FIELDS = COMMON_FIELDS | HARMLESS_FIELDS | set(_UNSUPPORTED) | {"prompt", "echo", "logprobs"}
 
 
 def _is_int(value: Any) -> bool:

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from starsd.target.api import (
-    _COMMON,
-    _IGNORED,
+    COMMON_FIELDS,
+    HARMLESS_FIELDS,
     GenerationRequest,
     Limits,
     RequestError,
@@ -28,8 +28,8 @@ _HARMLESS: dict[str, tuple[Any, ...]] = {
     "response_format": (None, {"type": "text"}),
 }
 CHAT_FIELDS = (
-    _COMMON
-    | _IGNORED
+    COMMON_FIELDS
+    | HARMLESS_FIELDS
     | set(_HARMLESS)
     | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "add_generation_prompt"}
 )
