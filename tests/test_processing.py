@@ -75,7 +75,7 @@ def test_speculative_rounds_produce_exactly_the_changed_distribution() -> None:
     ]
     gen = target_generator(17)
     counts = [0] * (vocab * vocab)
-    for _ in range(12_000):
+    for _ in range(6_000):
         d1 = sample(q[0], gen)
         p = torch.softmax(apply_rules(table, rules, prompt, [], [d1]), dim=-1)  # both positions, d1 as generated
         tokens = verify([d1], q[:1], p, gen).tokens
