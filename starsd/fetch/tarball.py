@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tarfile
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from .errors import FetchError
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
+ATTEMPTS = 3  # a cut connection is resumed in-process this often before the run gives up (and keeps the part)
+RETRY_SECONDS = 0.5
 TIMEOUT = (10.0, 60.0)  # connect, read (between bytes)
 REASONS = {
     401: "Unauthorized: the server wants credentials (STARSD_HTTP_AUTHORIZATION in credentials.secretRef)",
@@ -45,16 +48,27 @@ def fetch(uri: ModelURI, dest: Path, env: Mapping[str, str], make_room: Callable
     if env.get("STARSD_HTTP_AUTHORIZATION"):
         headers["Authorization"] = env["STARSD_HTTP_AUTHORIZATION"]
     verify: str | bool = env.get("REQUESTS_CA_BUNDLE") or env.get("SSL_CERT_FILE") or True
-    try:
-        _download(uri, part, validator_file, headers, verify, make_room, requests)
-    except FetchError:
-        raise
-    except requests.RequestException as exc:
-        raise FetchError(f"{uri.text}: {type(exc).__name__}: {_first_line(exc)}") from None
-    except OSError as exc:
-        if exc.errno == 28:
-            raise FetchError(f"{uri.text}: no space left on device while downloading") from None
-        raise
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            _download(uri, part, validator_file, headers, verify, make_room, requests)
+            break
+        except FetchError:
+            raise
+        except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:
+            have = part.stat().st_size if part.exists() else 0
+            if attempt == ATTEMPTS or isinstance(exc, requests.exceptions.SSLError):
+                raise FetchError(
+                    f"{uri.text}: {type(exc).__name__} after {attempt} attempts, {have} bytes kept "
+                    f"(the next run resumes from there): {_first_line(exc)}"
+                ) from None
+            log.warning("%s: %s at byte %d; resuming", uri.text, type(exc).__name__, have)
+            time.sleep(RETRY_SECONDS * attempt)
+        except requests.RequestException as exc:
+            raise FetchError(f"{uri.text}: {type(exc).__name__}: {_first_line(exc)}") from None
+        except OSError as exc:
+            if exc.errno == 28:
+                raise FetchError(f"{uri.text}: no space left on device while downloading") from None
+            raise
     files = _unpack(uri, part, dest, make_room)
     part.unlink()
     validator_file.unlink(missing_ok=True)

@@ -89,7 +89,9 @@ async def serve_file(request: web.Request, path: Path, faults: Faults, headers: 
     if request.method == "GET" and request.path in faults.cut and "Range" not in request.headers:
         faults.cut.discard(request.path)
         data = path.read_bytes()
-        response = web.StreamResponse(headers={**headers, "Content-Length": str(len(data))})
+        st = path.stat()
+        etag = f'"{st.st_mtime_ns:x}-{st.st_size:x}"'  # what FileResponse sends for the same file
+        response = web.StreamResponse(headers={"ETag": etag, **headers, "Content-Length": str(len(data))})
         await response.prepare(request)
         await response.write(data[: len(data) // 2])
         transport = request.transport
