@@ -73,6 +73,7 @@ def _client(uri: ModelURI, env: Mapping[str, str]) -> Any:
     )
     if session.get_credentials() is None:
         options["signature_version"] = UNSIGNED  # a public bucket
+    endpoint: str | None
     if uri.scheme == "gs":
         endpoint = env.get("STARSD_GCS_ENDPOINT") or GCS_ENDPOINT
     else:
