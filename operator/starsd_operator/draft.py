@@ -19,7 +19,7 @@ def deployment(owner: Owner, spec: ClusterSpec, images: podspec.Images) -> dict[
             "starsd",
             "draft",
             "--model",
-            draft.model.path,
+            draft.model.serve_path,
             "--port",
             str(c.DRAFT_GRPC_PORT),
             "--metrics-port",

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import constants as c
+from . import modelsource
 from .spec import ModelSource, Placement
 
-MODEL_VOLUME = "model"
 TMP_VOLUME = "tmp"
 TMP_PATH = "/tmp"
 
@@ -27,20 +27,6 @@ class Images:
             draft=env.get(c.ENV_DRAFT_IMAGE) or c.DEFAULT_DRAFT_IMAGE,
             target=env.get(c.ENV_TARGET_IMAGE) or c.DEFAULT_TARGET_IMAGE,
         )
-
-
-def model_volumes(model: ModelSource) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """``(volumes, volumeMounts)`` that put ``model`` at ``model.path``: a read-only claim, or nothing."""
-    if model.claim_name is None:
-        return [], []
-    volume = {
-        "name": MODEL_VOLUME,
-        "persistentVolumeClaim": {"claimName": model.claim_name, "readOnly": True},
-    }
-    mount: dict[str, Any] = {"name": MODEL_VOLUME, "mountPath": model.path, "readOnly": True}
-    if model.sub_path:
-        mount["subPath"] = model.sub_path
-    return [volume], [mount]
 
 
 def probes(port: str) -> dict[str, Any]:
@@ -111,7 +97,6 @@ def container(
 ) -> dict[str, Any]:
     """One data-plane container. A missing model ends the process with a message in
     ``/dev/termination-log``; ``FallbackToLogsOnError`` keeps the log's tail when it could not write one."""
-    _, model_mounts = model_volumes(model)
     return {
         "name": name,
         "image": image,
@@ -120,7 +105,7 @@ def container(
         "ports": ports,
         "env": [*common_env(), *(extra_env or [])],
         "resources": {k: dict(v) for k, v in resources.items()},
-        "volumeMounts": [{"name": TMP_VOLUME, "mountPath": TMP_PATH}, *model_mounts],
+        "volumeMounts": [{"name": TMP_VOLUME, "mountPath": TMP_PATH}, *modelsource.mounts(model)],
         "securityContext": container_security_context(),
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -129,17 +114,20 @@ def container(
 
 
 def pod_spec(*, container_spec: dict[str, Any], model: ModelSource, placement: Placement) -> dict[str, Any]:
-    """A pod spec around one container, with the placement's node selector and tolerations."""
-    model_vols, _ = model_volumes(model)
+    """A pod spec around one container, with the placement's node selector and tolerations, and the model's
+    volumes and downloader (:mod:`.modelsource`)."""
     spec: dict[str, Any] = {
         "containers": [container_spec],
-        "volumes": [{"name": TMP_VOLUME, "emptyDir": {}}, *model_vols],
+        "volumes": [{"name": TMP_VOLUME, "emptyDir": {}}, *modelsource.volumes(model)],
         "securityContext": pod_security_context(),
         # The data plane never calls the API server, and needs no Service environment variables.
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 30,
     }
+    fetch = modelsource.fetch_container(model, image=container_spec["image"], base=container_spec)
+    if fetch is not None:
+        spec["initContainers"] = [fetch]
     if placement.node_selector:
         spec["nodeSelector"] = dict(placement.node_selector)
     if placement.tolerations:

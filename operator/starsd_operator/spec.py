@@ -11,6 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import modelsource
+from .modelsource import ModelSource
+
 # Defaults; crds/starsdcluster.yaml declares the same values (tests/operator/test_crd.py checks).
 DEFAULT_GAMMA = 4
 GAMMA_RANGE = (1, 16)
@@ -28,19 +31,6 @@ DEFAULT_MAX_STEP = 4
 
 class SpecError(ValueError):
     """A spec the operator cannot act on; the message names the field."""
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """Where a model lives: ``path`` is what the process is given as ``--model``.
-
-    With ``claim_name`` the PersistentVolumeClaim is mounted read-only at ``path`` (``sub_path`` selects a
-    directory inside the claim); without it the path must exist in the image.
-    """
-
-    path: str
-    claim_name: str | None = None
-    sub_path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +79,7 @@ class PoolSpec:
     min_replicas: int = DEFAULT_POOL_MIN
     max_replicas: int = DEFAULT_POOL_MAX
     placement: Placement = field(default_factory=Placement)
+    model: ModelSource | None = None  # None: the target's model (spec.target.model)
 
 
 @dataclass(frozen=True)
@@ -176,6 +167,7 @@ def _pool(raw: Any, where: str) -> PoolSpec:
         min_replicas=lo,
         max_replicas=hi,
         placement=_placement(raw, where),
+        model=_model(raw, where) if raw.get("model") is not None else None,
     )
 
 
@@ -206,15 +198,10 @@ def _autoscaling(raw: Mapping[str, Any]) -> AutoscalingSpec:
 
 
 def _model(parent: Mapping[str, Any], where: str) -> ModelSource:
-    raw = _mapping(parent, "model", where)
-    path = raw.get("path")
-    if not isinstance(path, str) or not path.startswith("/"):
-        raise SpecError(f"{where}.model.path must be an absolute path, got {path!r}")
-    claim = _optional_str(raw, "claimName", f"{where}.model")
-    sub_path = _optional_str(raw, "subPath", f"{where}.model")
-    if sub_path is not None and claim is None:
-        raise SpecError(f"{where}.model.subPath needs claimName")
-    return ModelSource(path=path, claim_name=claim, sub_path=sub_path)
+    try:
+        return modelsource.parse(parent.get("model"), f"{where}.model")
+    except modelsource.ModelSpecError as exc:
+        raise SpecError(str(exc)) from None
 
 
 def _placement(parent: Mapping[str, Any], where: str) -> Placement:

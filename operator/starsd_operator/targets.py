@@ -15,6 +15,7 @@ def statefulset(
 ) -> dict[str, Any]:
     """The pool's targets; ``replicas`` is the pool's share of the total (see :mod:`.pools`)."""
     target = spec.target
+    model = pool.model or target.model  # a pool may run its own copy (another quantisation, say)
     name = naming.pool_name(owner, pool.name)
     container = podspec.container(
         name=c.COMPONENT_TARGET,
@@ -23,7 +24,7 @@ def statefulset(
             "starsd",
             "target",
             "--model",
-            target.model.path,
+            model.serve_path,
             "--draft",
             naming.draft_endpoint(owner),
             "--port",
@@ -45,7 +46,7 @@ def statefulset(
         ],
         ports=[{"name": "http", "containerPort": c.TARGET_HTTP_PORT, "protocol": "TCP"}],
         probe_port="http",
-        model=target.model,
+        model=model,
         resources=pool.placement.resources,
         extra_env=[{"name": "STARSD_POOL", "value": pool.name}],
     )
@@ -63,7 +64,7 @@ def statefulset(
             "selector": {"matchLabels": naming.selector_labels(owner, c.COMPONENT_TARGET, pool.name)},
             "template": {
                 "metadata": {"labels": naming.labels(owner, c.COMPONENT_TARGET, pool.name)},
-                "spec": podspec.pod_spec(container_spec=container, model=target.model, placement=pool.placement),
+                "spec": podspec.pod_spec(container_spec=container, model=model, placement=pool.placement),
             },
         },
     }
