@@ -104,3 +104,36 @@ def test_a_pool_runs_its_own_model_and_the_others_the_targets() -> None:
         [init] = sts["spec"]["template"]["spec"]["initContainers"]
         commands[pool.name] = init["command"][2]
     assert commands == {"h100": "hf://org/target@bf16", "l4": "hf://org/target@int8"}
+
+
+def test_a_failed_download_reads_as_the_downloaders_own_words() -> None:
+    """What the kubelet reports for an init container that exited 1 and waits to run again."""
+    from starsd_operator import diagnose
+
+    said = "hf://org/draft: 401 Unauthorized: the token in HF_TOKEN was refused, or the repository does not exist"
+    pod = {
+        "metadata": {"name": "chat-draft-abc"},
+        "status": {
+            "phase": "Pending",
+            "initContainerStatuses": [
+                {
+                    "name": "fetch-model",
+                    "ready": False,
+                    "restartCount": 2,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                    "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": said}},
+                }
+            ],
+            "containerStatuses": [
+                {
+                    "name": "draft",
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {"waiting": {"reason": "PodInitializing"}},
+                }
+            ],
+        },
+    }
+    problem = diagnose.first_problem([pod])
+    assert problem is not None and problem.reason == "ContainerFailing"
+    assert "container fetch-model" in problem.message and problem.message.endswith(said)
