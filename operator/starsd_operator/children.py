@@ -4,15 +4,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import draft, network, pools, targets
+from . import draft, network, podtemplate, pools, targets
 from .naming import Owner
 from .podspec import Images
-from .spec import ClusterSpec
+from .spec import ClusterSpec, SpecError
 
 
 def desired(owner: Owner, spec: ClusterSpec, images: Images) -> list[dict[str, Any]]:
     """The draft's Deployment, Service and NetworkPolicy, per pool a StatefulSet and headless Service,
-    and the client Service; Services come before the workloads that use their names."""
+    and the client Service; Services come before the workloads that use their names.
+
+    A pod template that asks for the star's own fields raises :class:`SpecError` naming the field."""
+    try:
+        return _desired(owner, spec, images)
+    except podtemplate.TemplateError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def _desired(owner: Owner, spec: ClusterSpec, images: Images) -> list[dict[str, Any]]:
     split = pools.split(spec.replicas, spec.pools)
     objs: list[dict[str, Any]] = [
         draft.service(owner),

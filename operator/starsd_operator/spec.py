@@ -11,8 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import modelsource
+from . import modelsource, podtemplate
 from .modelsource import ModelSource
+from .podtemplate import PodTemplate
 
 # Defaults; crds/starsdcluster.yaml declares the same values (tests/operator/test_crd.py checks).
 DEFAULT_GAMMA = 4
@@ -57,6 +58,7 @@ class DraftSpec:
     dtype: str = "auto"  # the pod's device is always auto: its GPU when it has one
     max_batch: int = DEFAULT_MAX_BATCH  # requests drafted together per step
     schedule: str = "fifo"
+    pod_template: PodTemplate | None = None  # merged into the operator's pod (see .podtemplate)
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class PoolSpec:
     max_replicas: int = DEFAULT_POOL_MAX
     placement: Placement = field(default_factory=Placement)
     model: ModelSource | None = None  # None: the target's model (spec.target.model)
+    pod_template: PodTemplate | None = None
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,7 @@ def parse(spec: Mapping[str, Any]) -> ClusterSpec:
             dtype=_choice(draft, "dtype", "spec.draft", DTYPES),
             max_batch=_int(draft, "maxBatch", "spec.draft", DEFAULT_MAX_BATCH, minimum=1),
             schedule=_choice(draft, "schedule", "spec.draft", DRAFT_SCHEDULES),
+            pod_template=_pod_template(draft, "spec.draft"),
         ),
         target=TargetSpec(
             model=_model(target, "spec.target"),
@@ -168,6 +172,7 @@ def _pool(raw: Any, where: str) -> PoolSpec:
         max_replicas=hi,
         placement=_placement(raw, where),
         model=_model(raw, where) if raw.get("model") is not None else None,
+        pod_template=_pod_template(raw, where),
     )
 
 
@@ -201,6 +206,13 @@ def _model(parent: Mapping[str, Any], where: str) -> ModelSource:
     try:
         return modelsource.parse(parent.get("model"), f"{where}.model")
     except modelsource.ModelSpecError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def _pod_template(parent: Mapping[str, Any], where: str) -> PodTemplate | None:
+    try:
+        return podtemplate.parse(parent.get("podTemplate"), f"{where}.podTemplate")
+    except podtemplate.TemplateError as exc:
         raise SpecError(str(exc)) from None
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import constants as c
-from . import naming, podspec
+from . import naming, podspec, podtemplate
 from .naming import Owner
 from .spec import ClusterSpec, PoolSpec
 
@@ -62,10 +62,13 @@ def statefulset(
             "updateStrategy": {"type": "RollingUpdate"},
             "revisionHistoryLimit": 5,
             "selector": {"matchLabels": naming.selector_labels(owner, c.COMPONENT_TARGET, pool.name)},
-            "template": {
-                "metadata": {"labels": naming.labels(owner, c.COMPONENT_TARGET, pool.name)},
-                "spec": podspec.pod_spec(container_spec=container, model=model, placement=pool.placement),
-            },
+            "template": podtemplate.merge(
+                {
+                    "metadata": {"labels": naming.labels(owner, c.COMPONENT_TARGET, pool.name)},
+                    "spec": podspec.pod_spec(container_spec=container, model=model, placement=pool.placement),
+                },
+                pool.pod_template,
+            ),
         },
     }
 
