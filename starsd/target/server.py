@@ -25,6 +25,7 @@ from starsd.target.api import (
     stop_check,
     stream_safe_length,
 )
+from starsd.target import drain
 from starsd.target.engine import GenerationStats, TargetEngine
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class TargetApp:
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics)
+        drain.install(app)  # GET /drain: the pod's preStop hook (readiness fails, in-flight completions finish)
         return app
 
     @web.middleware
