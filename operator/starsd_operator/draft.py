@@ -40,6 +40,7 @@ def deployment(owner: Owner, spec: ClusterSpec, images: podspec.Images) -> dict[
         probe_port="metrics",
         model=draft.model,
         resources=draft.placement.resources,
+        lc=draft.lifecycle,
     )
     return {
         "apiVersion": "apps/v1",
@@ -55,7 +56,9 @@ def deployment(owner: Owner, spec: ClusterSpec, images: podspec.Images) -> dict[
             "template": podtemplate.merge(
                 {
                     "metadata": {"labels": naming.labels(owner, c.COMPONENT_DRAFT)},
-                    "spec": podspec.pod_spec(container_spec=container, model=draft.model, placement=draft.placement),
+                    "spec": podspec.pod_spec(
+                        container_spec=container, model=draft.model, placement=draft.placement, lc=draft.lifecycle
+                    ),
                 },
                 draft.pod_template,
             ),

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import modelsource, podtemplate
+from . import lifecycle, modelsource, podtemplate
+from .lifecycle import Lifecycle
 from .modelsource import ModelSource
 from .podtemplate import PodTemplate
 
@@ -59,6 +60,7 @@ class DraftSpec:
     max_batch: int = DEFAULT_MAX_BATCH  # requests drafted together per step
     schedule: str = "fifo"
     pod_template: PodTemplate | None = None  # merged into the operator's pod (see .podtemplate)
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)  # probes and grace period (see .lifecycle)
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ class TargetSpec:
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS  # completions per target at once, batched per step
     kv_cache_tokens: int | None = None  # None: the target sizes its cache (a GPU's memory, or full contexts)
     max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,7 @@ def parse(spec: Mapping[str, Any]) -> ClusterSpec:
             max_batch=_int(draft, "maxBatch", "spec.draft", DEFAULT_MAX_BATCH, minimum=1),
             schedule=_choice(draft, "schedule", "spec.draft", DRAFT_SCHEDULES),
             pod_template=_pod_template(draft, "spec.draft"),
+            lifecycle=_lifecycle(draft, "spec.draft"),
         ),
         target=TargetSpec(
             model=_model(target, "spec.target"),
@@ -140,6 +144,7 @@ def parse(spec: Mapping[str, Any]) -> ClusterSpec:
             max_num_seqs=_int(target, "maxNumSeqs", "spec.target", DEFAULT_MAX_NUM_SEQS, minimum=1),
             kv_cache_tokens=_int(target, "kvCacheTokens", "spec.target", 0, minimum=0) or None,
             max_prefill_tokens=_int(target, "maxPrefillTokens", "spec.target", DEFAULT_MAX_PREFILL_TOKENS, minimum=1),
+            lifecycle=_lifecycle(target, "spec.target"),
         ),
         replicas=_int(targets, "replicas", "spec.targets", DEFAULT_REPLICAS, minimum=0),
         pools=pools,
@@ -213,6 +218,13 @@ def _pod_template(parent: Mapping[str, Any], where: str) -> PodTemplate | None:
     try:
         return podtemplate.parse(parent.get("podTemplate"), f"{where}.podTemplate")
     except podtemplate.TemplateError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def _lifecycle(parent: Mapping[str, Any], where: str) -> Lifecycle:
+    try:
+        return lifecycle.parse(parent, where)
+    except lifecycle.LifecycleError as exc:
         raise SpecError(str(exc)) from None
 
 

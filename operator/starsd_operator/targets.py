@@ -49,6 +49,8 @@ def statefulset(
         model=model,
         resources=pool.placement.resources,
         extra_env=[{"name": "STARSD_POOL", "value": pool.name}],
+        lc=target.lifecycle,
+        drain=True,
     )
     return {
         "apiVersion": "apps/v1",
@@ -65,7 +67,9 @@ def statefulset(
             "template": podtemplate.merge(
                 {
                     "metadata": {"labels": naming.labels(owner, c.COMPONENT_TARGET, pool.name)},
-                    "spec": podspec.pod_spec(container_spec=container, model=model, placement=pool.placement),
+                    "spec": podspec.pod_spec(
+                        container_spec=container, model=model, placement=pool.placement, lc=target.lifecycle
+                    ),
                 },
                 pool.pod_template,
             ),

@@ -15,6 +15,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from starsd.sampling import SamplingParams
+from starsd.target import drain
 from starsd.target.api import (
     CompletionRequest,
     Limits,
@@ -25,7 +26,6 @@ from starsd.target.api import (
     stop_check,
     stream_safe_length,
 )
-from starsd.target import drain
 from starsd.target.engine import GenerationStats, TargetEngine
 
 log = logging.getLogger(__name__)

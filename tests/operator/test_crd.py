@@ -330,3 +330,18 @@ def test_the_schema_refuses_malformed_model_sources(schema: dict[str, Any], mode
     sample["spec"]["draft"]["model"] = model
     found = errors(schema, sample)
     assert any(e.startswith(where) for e in found), found
+
+
+def test_lifecycle_defaults_match_the_operator(schema: dict[str, Any]) -> None:
+    from starsd_operator import lifecycle
+
+    s = schema["properties"]["spec"]["properties"]
+    for role in ("draft", "target"):
+        props = s[role]["properties"]
+        assert props["terminationGracePeriodSeconds"]["default"] == lifecycle.DEFAULT_GRACE_SECONDS
+        probes = props["probes"]["properties"]
+        assert probes["startupSeconds"]["default"] == lifecycle.DEFAULT_STARTUP_SECONDS
+        assert probes["startupSeconds"]["maximum"] == lifecycle.MAX_STARTUP_SECONDS
+        assert probes["readinessPeriodSeconds"]["default"] == lifecycle.DEFAULT_READINESS_PERIOD
+        assert probes["livenessPeriodSeconds"]["default"] == lifecycle.DEFAULT_LIVENESS_PERIOD
+        assert probes["timeoutSeconds"]["default"] == lifecycle.DEFAULT_PROBE_TIMEOUT
