@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import lifecycle, modelsource, podtemplate
+from . import disruption, lifecycle, modelsource, podtemplate
+from .disruption import Disruption
 from .lifecycle import Lifecycle
 from .modelsource import ModelSource
 from .podtemplate import PodTemplate
@@ -61,6 +62,7 @@ class DraftSpec:
     schedule: str = "fifo"
     pod_template: PodTemplate | None = None  # merged into the operator's pod (see .podtemplate)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)  # probes and grace period (see .lifecycle)
+    disruption: Disruption = field(default_factory=Disruption)  # its PodDisruptionBudget (see .disruption)
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ class PoolSpec:
     placement: Placement = field(default_factory=Placement)
     model: ModelSource | None = None  # None: the target's model (spec.target.model)
     pod_template: PodTemplate | None = None
+    disruption: Disruption = field(default_factory=Disruption)
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,7 @@ def parse(spec: Mapping[str, Any]) -> ClusterSpec:
             schedule=_choice(draft, "schedule", "spec.draft", DRAFT_SCHEDULES),
             pod_template=_pod_template(draft, "spec.draft"),
             lifecycle=_lifecycle(draft, "spec.draft"),
+            disruption=_disruption(draft, "spec.draft"),
         ),
         target=TargetSpec(
             model=_model(target, "spec.target"),
@@ -178,6 +182,7 @@ def _pool(raw: Any, where: str) -> PoolSpec:
         placement=_placement(raw, where),
         model=_model(raw, where) if raw.get("model") is not None else None,
         pod_template=_pod_template(raw, where),
+        disruption=_disruption(raw, where),
     )
 
 
@@ -225,6 +230,13 @@ def _lifecycle(parent: Mapping[str, Any], where: str) -> Lifecycle:
     try:
         return lifecycle.parse(parent, where)
     except lifecycle.LifecycleError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def _disruption(parent: Mapping[str, Any], where: str) -> Disruption:
+    try:
+        return disruption.parse(parent, where)
+    except disruption.DisruptionError as exc:
         raise SpecError(str(exc)) from None
 
 

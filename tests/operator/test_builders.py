@@ -86,10 +86,13 @@ def test_the_children_of_a_two_pool_cluster() -> None:
         ("NetworkPolicy", "chat-draft"),
         ("Deployment", "chat-draft"),
         ("Service", "chat"),
+        ("PodDisruptionBudget", "chat-draft"),
         ("Service", "chat-target-h100"),
         ("StatefulSet", "chat-target-h100"),
+        ("PodDisruptionBudget", "chat-target-h100"),
         ("Service", "chat-target-l4"),
         ("StatefulSet", "chat-target-l4"),
+        ("PodDisruptionBudget", "chat-target-l4"),
     ]
 
 
