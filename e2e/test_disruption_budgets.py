@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 
 from e2e import starsd_cluster as ssd
 from e2e.kube import Cluster, wait_until
@@ -48,8 +49,6 @@ def test_budgets_exist_count_their_pods_and_follow_the_replicas(cluster: Cluster
 
 
 def test_a_bad_max_unavailable_is_refused_by_the_api_server(cluster: Cluster, namespace: str) -> None:
-    import yaml
-
     doc = ssd.sample("pdbbad")
     doc["spec"]["pools"][0]["disruption"] = {"maxUnavailable": "0%"}
     proc = cluster.apply(yaml.safe_dump(doc), namespace=namespace, check=False)
