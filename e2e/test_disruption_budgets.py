@@ -19,12 +19,14 @@ def budgets(cluster: Cluster, namespace: str) -> dict[str, dict[str, Any]]:
 
 
 def expect(cluster: Cluster, namespace: str, pods: dict[str, int]) -> dict[str, dict[str, Any]]:
-    """Wait until exactly the budgets in ``pods`` exist, each counting that many pods (the controller's view)."""
+    """Wait until exactly the budgets in ``pods`` exist, each counting that many pods, all healthy (the
+    disruption controller's view)."""
 
     def settled() -> dict[str, dict[str, Any]] | None:
         found = budgets(cluster, namespace)
         counted = {name: (p.get("status") or {}).get("expectedPods") for name, p in found.items()}
-        return found if counted == pods else None
+        healthy = {name: (p.get("status") or {}).get("currentHealthy") for name, p in found.items()}
+        return found if counted == pods == healthy else None
 
     return wait_until(f"budgets {pods}", settled, timeout=90)
 
