@@ -96,3 +96,23 @@ def test_an_idle_target_drains_at_once() -> None:
             assert response.status == 200 and (await response.json())["in_flight"] == 0
 
     asyncio.run(scenario())
+
+
+def test_only_the_pod_itself_may_drain() -> None:
+    """A drain takes the target out of service: a caller from another address is refused."""
+    from unittest import mock
+
+    from aiohttp.test_utils import make_mocked_request
+
+    async def scenario() -> None:
+        app = web.Application()
+        d = drain.install(app)
+        transport = mock.Mock()
+        transport.get_extra_info.side_effect = lambda name, default=None: (
+            ("10.1.2.3", 40000) if name == "peername" else default
+        )
+        request = make_mocked_request("GET", "/drain", app=app, transport=transport)
+        response = await d.handle(request)
+        assert response.status == 403 and not d.draining
+
+    asyncio.run(scenario())

@@ -84,9 +84,12 @@ def probes(port: str, lc: Lifecycle) -> dict[str, Any]:
     }
 
 
-def drain_hook(port: str) -> dict[str, Any]:
-    """The target's preStop hook: ``GET /drain`` answers once the completions in flight have finished."""
-    return {"preStop": {"httpGet": {"path": "/drain", "port": port}}}
+def drain_hook(port: int) -> dict[str, Any]:
+    """The target's preStop hook: ``GET /drain`` on the pod's loopback (the only address the target accepts
+    a drain from), answered once the completions in flight have finished. The image's Python does the GET:
+    no curl or wget needed."""
+    script = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/drain')"
+    return {"preStop": {"exec": {"command": ["python", "-c", script]}}}
 
 
 def wants_gpu(resources: Mapping[str, Any]) -> bool:

@@ -101,7 +101,7 @@ def container(
         **probes(probe_port, lc),
     }
     if drain:
-        out["lifecycle"] = lifecycle.drain_hook(probe_port)
+        out["lifecycle"] = lifecycle.drain_hook(int(ports[0]["containerPort"]))
     return out
 
 

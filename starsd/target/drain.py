@@ -1,4 +1,7 @@
-"""Draining a target before it stops: the pod's preStop hook calls ``GET /drain``.
+"""Draining a target before it stops: the pod's preStop hook calls ``GET /drain`` from inside the pod.
+
+Only a caller on the loopback interface may drain (anyone else gets 403): a drain takes the target out of
+service until it restarts, so a client that can reach the serving port must not be able to do it.
 
 From that moment ``/readyz`` answers 503 (the Service stops sending new clients), a new completion is answered
 503 with ``Retry-After`` (a client that still reaches this pod retries elsewhere), and ``/drain`` answers only
@@ -25,6 +28,7 @@ DRAIN_PATH = "/drain"
 READY_PATH = "/readyz"
 RETRY_AFTER_SECONDS = 1
 DRAINING_KEY: web.AppKey[Drain] = web.AppKey("starsd_drain")
+LOOPBACK = frozenset({"127.0.0.1", "::1"})
 
 
 def _is_work(request: web.Request) -> bool:
@@ -79,6 +83,9 @@ class Drain:
 
     async def handle(self, request: web.Request) -> web.Response:
         """``GET /drain[?timeout=SECONDS]``: start draining, answer once idle (200) or at the timeout (503)."""
+        if request.remote not in LOOPBACK:
+            message = "a drain is asked from inside the pod (its preStop hook), not over the network"
+            return web.json_response({"error": {"message": message, "code": "forbidden"}}, status=403)
         text = request.query.get("timeout")
         try:
             timeout = float(text) if text is not None else None

@@ -56,7 +56,9 @@ def test_a_budget_that_is_not_a_multiple_of_the_period_is_rounded_up() -> None:
 
 def test_targets_drain_before_they_stop_and_the_draft_does_not() -> None:
     [server] = target_pod()["containers"]
-    assert server["lifecycle"] == {"preStop": {"httpGet": {"path": "/drain", "port": "http"}}}
+    [command] = [server["lifecycle"]["preStop"]["exec"]["command"]]
+    assert command[:2] == ["python", "-c"] and "http://127.0.0.1:8000/drain" in command[2]
+    compile(command[2], "preStop", "exec")  # the hook's script is valid Python
     assert "lifecycle" not in draft_pod()["containers"][0]
 
 
