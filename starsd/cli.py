@@ -29,6 +29,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("starsd.commands.plan", "the system model: regime, utilisation, throughput and N* over N"),
     "bench": ("starsd.commands.bench", "benchmarks (`starsd bench star`)"),
     "operator": ("starsd.commands.operator", "run the Kubernetes operator with the current kubeconfig"),
+    "fetch-model": (
+        "starsd.commands.fetch_model",
+        "download a model (hf://, s3://, gs://, https:// tarball) into a directory and verify it",
+    ),
     "models": (
         "starsd.commands.models",
         "create tiny model pairs (random, for tests) or train the shipped pair",

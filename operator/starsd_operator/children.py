@@ -4,15 +4,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import draft, network, pools, targets
+from . import disruption, draft, network, podtemplate, pools, targets
 from .naming import Owner
 from .podspec import Images
-from .spec import ClusterSpec
+from .spec import ClusterSpec, SpecError
 
 
 def desired(owner: Owner, spec: ClusterSpec, images: Images) -> list[dict[str, Any]]:
-    """The draft's Deployment, Service and NetworkPolicy, per pool a StatefulSet and headless Service,
-    and the client Service; Services come before the workloads that use their names."""
+    """The draft's Deployment, Service, NetworkPolicy and PodDisruptionBudget, per pool a StatefulSet,
+    headless Service and (with replicas) PodDisruptionBudget, and the client Service; Services come before
+    the workloads that use their names.
+
+    A pod template that asks for the star's own fields raises :class:`SpecError` naming the field."""
+    try:
+        return _desired(owner, spec, images)
+    except podtemplate.TemplateError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def _desired(owner: Owner, spec: ClusterSpec, images: Images) -> list[dict[str, Any]]:
     split = pools.split(spec.replicas, spec.pools)
     objs: list[dict[str, Any]] = [
         draft.service(owner),
@@ -20,7 +30,10 @@ def desired(owner: Owner, spec: ClusterSpec, images: Images) -> list[dict[str, A
         draft.deployment(owner, spec, images),
         targets.client_service(owner),
     ]
+    objs.append(disruption.draft_budget(owner, spec.draft.disruption))
     for pool in spec.pools:
         objs.append(targets.headless_service(owner, pool))
         objs.append(targets.statefulset(owner, spec, pool, split[pool.name], images))
+        if split[pool.name] > 0:  # none over no pods; the reconcile deletes one left from before
+            objs.append(disruption.pool_budget(owner, pool.name, pool.disruption))
     return objs

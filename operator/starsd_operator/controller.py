@@ -85,7 +85,7 @@ def reconcile(kube: Kube, body: Mapping[str, Any], config: Config, memory: Memor
     return events
 
 
-CHILD_KINDS = ("Service", "NetworkPolicy", "Deployment", "StatefulSet")
+CHILD_KINDS = ("Service", "NetworkPolicy", "Deployment", "StatefulSet", "PodDisruptionBudget")
 
 
 def _existing(kube: Kube, owner: Owner) -> dict[tuple[str, str], dict[str, Any]]:
@@ -116,20 +116,21 @@ def change_events(before: Mapping[tuple[str, str], Mapping[str, Any]], wanted: l
 
 
 def _delete_stale(kube: Kube, owner: Owner, wanted: list[dict[str, Any]]) -> list[Event]:
-    """Delete target StatefulSets and Services of pools that left the spec (only ones this cluster owns)."""
+    """Delete target StatefulSets and Services of pools that left the spec, and the budgets of pools that
+    left it or hold no replicas (only ones this cluster owns)."""
     keep = {(o["kind"], o["metadata"]["name"]) for o in wanted}
     selector = naming.owned_selector(owner, c.COMPONENT_TARGET)
     events: list[Event] = []
-    for kind in ("StatefulSet", "Service"):
+    for kind in ("StatefulSet", "Service", "PodDisruptionBudget"):
         for obj in kube.list(kind, owner.namespace, selector):
             meta = obj.get("metadata") or {}
             owned = any(ref.get("uid") == owner.uid for ref in meta.get("ownerReferences") or [])
             if owned and (kind, meta.get("name")) not in keep:
-                log.info("deleting %s %s/%s: its pool left the spec", kind, owner.namespace, meta.get("name"))
+                # A budget's name is its pool's StatefulSet's: a kept StatefulSet means a pool scaled to 0.
+                why = "has no replicas" if ("StatefulSet", meta.get("name")) in keep else "left the spec"
+                log.info("deleting %s %s/%s: its pool %s", kind, owner.namespace, meta.get("name"), why)
                 kube.delete(kind, owner.namespace, str(meta.get("name")))
-                events.append(
-                    Event("Normal", c.EVENT_DELETED, f"deleted {kind} {meta.get('name')}: its pool left the spec")
-                )
+                events.append(Event("Normal", c.EVENT_DELETED, f"deleted {kind} {meta.get('name')}: its pool {why}"))
     return events
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import constants as c
-from . import naming, podspec
+from . import naming, podspec, podtemplate
 from .naming import Owner
 from .spec import ClusterSpec
 
@@ -19,7 +19,7 @@ def deployment(owner: Owner, spec: ClusterSpec, images: podspec.Images) -> dict[
             "starsd",
             "draft",
             "--model",
-            draft.model.path,
+            draft.model.serve_path,
             "--port",
             str(c.DRAFT_GRPC_PORT),
             "--metrics-port",
@@ -40,6 +40,7 @@ def deployment(owner: Owner, spec: ClusterSpec, images: podspec.Images) -> dict[
         probe_port="metrics",
         model=draft.model,
         resources=draft.placement.resources,
+        lc=draft.lifecycle,
     )
     return {
         "apiVersion": "apps/v1",
@@ -52,10 +53,15 @@ def deployment(owner: Owner, spec: ClusterSpec, images: podspec.Images) -> dict[
             "strategy": {"type": "Recreate"},
             "revisionHistoryLimit": 5,
             "selector": {"matchLabels": naming.selector_labels(owner, c.COMPONENT_DRAFT)},
-            "template": {
-                "metadata": {"labels": naming.labels(owner, c.COMPONENT_DRAFT)},
-                "spec": podspec.pod_spec(container_spec=container, model=draft.model, placement=draft.placement),
-            },
+            "template": podtemplate.merge(
+                {
+                    "metadata": {"labels": naming.labels(owner, c.COMPONENT_DRAFT)},
+                    "spec": podspec.pod_spec(
+                        container_spec=container, model=draft.model, placement=draft.placement, lc=draft.lifecycle
+                    ),
+                },
+                draft.pod_template,
+            ),
         },
     }
 

@@ -69,6 +69,7 @@ _KINDS = {
     "Service": _Kind("CoreV1Api", "service"),
     "NetworkPolicy": _Kind("NetworkingV1Api", "network_policy"),
     "Pod": _Kind("CoreV1Api", "pod"),
+    "PodDisruptionBudget": _Kind("PolicyV1Api", "pod_disruption_budget"),
 }
 
 

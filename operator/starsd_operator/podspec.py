@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import constants as c
+from . import lifecycle, modelsource
 from .spec import ModelSource, Placement
 
-MODEL_VOLUME = "model"
 TMP_VOLUME = "tmp"
 TMP_PATH = "/tmp"
 
@@ -29,39 +29,10 @@ class Images:
         )
 
 
-def model_volumes(model: ModelSource) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """``(volumes, volumeMounts)`` that put ``model`` at ``model.path``: a read-only claim, or nothing."""
-    if model.claim_name is None:
-        return [], []
-    volume = {
-        "name": MODEL_VOLUME,
-        "persistentVolumeClaim": {"claimName": model.claim_name, "readOnly": True},
-    }
-    mount: dict[str, Any] = {"name": MODEL_VOLUME, "mountPath": model.path, "readOnly": True}
-    if model.sub_path:
-        mount["subPath"] = model.sub_path
-    return [volume], [mount]
-
-
-def probes(port: str) -> dict[str, Any]:
-    """Readiness on ``/readyz`` (model loaded, serving), liveness on ``/healthz`` (the process is alive).
-
-    The startup probe holds liveness off for up to ten minutes while a large model loads.
-    """
-
-    def get(path: str, period: int, failures: int) -> dict[str, Any]:
-        return {
-            "httpGet": {"path": path, "port": port},
-            "periodSeconds": period,
-            "timeoutSeconds": 2,
-            "failureThreshold": failures,
-        }
-
-    return {
-        "startupProbe": get("/healthz", 5, 120),
-        "readinessProbe": get("/readyz", 5, 3),
-        "livenessProbe": get("/healthz", 10, 3),
-    }
+def probes(port: str, lc: lifecycle.Lifecycle | None = None) -> dict[str, Any]:
+    """Readiness on ``/readyz`` (model loaded, serving), liveness on ``/healthz`` (the process is alive), and
+    a startup probe that holds liveness off while the model loads (see :mod:`.lifecycle`)."""
+    return lifecycle.probes(port, lc or lifecycle.Lifecycle())
 
 
 def container_security_context() -> dict[str, Any]:
@@ -108,11 +79,14 @@ def container(
     model: ModelSource,
     resources: Mapping[str, Any],
     extra_env: list[dict[str, Any]] | None = None,
+    lc: lifecycle.Lifecycle | None = None,
+    drain: bool = False,
 ) -> dict[str, Any]:
     """One data-plane container. A missing model ends the process with a message in
-    ``/dev/termination-log``; ``FallbackToLogsOnError`` keeps the log's tail when it could not write one."""
-    _, model_mounts = model_volumes(model)
-    return {
+    ``/dev/termination-log``; ``FallbackToLogsOnError`` keeps the log's tail when it could not write one.
+    With ``drain`` the container's preStop hook drains it (a target); a GPU container gets ``/dev/shm``."""
+    _, shm_mounts = lifecycle.shm(resources)
+    out = {
         "name": name,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
@@ -120,26 +94,42 @@ def container(
         "ports": ports,
         "env": [*common_env(), *(extra_env or [])],
         "resources": {k: dict(v) for k, v in resources.items()},
-        "volumeMounts": [{"name": TMP_VOLUME, "mountPath": TMP_PATH}, *model_mounts],
+        "volumeMounts": [{"name": TMP_VOLUME, "mountPath": TMP_PATH}, *modelsource.mounts(model), *shm_mounts],
         "securityContext": container_security_context(),
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        **probes(probe_port),
+        **probes(probe_port, lc),
     }
+    if drain:
+        out["lifecycle"] = lifecycle.drain_hook(int(ports[0]["containerPort"]))
+    return out
 
 
-def pod_spec(*, container_spec: dict[str, Any], model: ModelSource, placement: Placement) -> dict[str, Any]:
-    """A pod spec around one container, with the placement's node selector and tolerations."""
-    model_vols, _ = model_volumes(model)
+def pod_spec(
+    *,
+    container_spec: dict[str, Any],
+    model: ModelSource,
+    placement: Placement,
+    lc: lifecycle.Lifecycle | None = None,
+) -> dict[str, Any]:
+    """A pod spec around one container, with the placement's node selector and tolerations, and the model's
+    volumes and downloader (:mod:`.modelsource`)."""
     spec: dict[str, Any] = {
         "containers": [container_spec],
-        "volumes": [{"name": TMP_VOLUME, "emptyDir": {}}, *model_vols],
+        "volumes": [
+            {"name": TMP_VOLUME, "emptyDir": {}},
+            *modelsource.volumes(model),
+            *lifecycle.shm(container_spec.get("resources") or {})[0],
+        ],
         "securityContext": pod_security_context(),
         # The data plane never calls the API server, and needs no Service environment variables.
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 30,
+        "terminationGracePeriodSeconds": (lc or lifecycle.Lifecycle()).grace_seconds,
     }
+    fetch = modelsource.fetch_container(model, image=container_spec["image"], base=container_spec)
+    if fetch is not None:
+        spec["initContainers"] = [fetch]
     if placement.node_selector:
         spec["nodeSelector"] = dict(placement.node_selector)
     if placement.tolerations:

@@ -11,6 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import disruption, lifecycle, modelsource, podtemplate
+from .disruption import Disruption
+from .lifecycle import Lifecycle
+from .modelsource import ModelSource
+from .podtemplate import PodTemplate
+
 # Defaults; crds/starsdcluster.yaml declares the same values (tests/operator/test_crd.py checks).
 DEFAULT_GAMMA = 4
 GAMMA_RANGE = (1, 16)
@@ -28,19 +34,6 @@ DEFAULT_MAX_STEP = 4
 
 class SpecError(ValueError):
     """A spec the operator cannot act on; the message names the field."""
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """Where a model lives: ``path`` is what the process is given as ``--model``.
-
-    With ``claim_name`` the PersistentVolumeClaim is mounted read-only at ``path`` (``sub_path`` selects a
-    directory inside the claim); without it the path must exist in the image.
-    """
-
-    path: str
-    claim_name: str | None = None
-    sub_path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +60,9 @@ class DraftSpec:
     dtype: str = "auto"  # the pod's device is always auto: its GPU when it has one
     max_batch: int = DEFAULT_MAX_BATCH  # requests drafted together per step
     schedule: str = "fifo"
+    pod_template: PodTemplate | None = None  # merged into the operator's pod (see .podtemplate)
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)  # probes and grace period (see .lifecycle)
+    disruption: Disruption = field(default_factory=Disruption)  # its PodDisruptionBudget (see .disruption)
 
 
 @dataclass(frozen=True)
@@ -78,6 +74,7 @@ class TargetSpec:
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS  # completions per target at once, batched per step
     kv_cache_tokens: int | None = None  # None: the target sizes its cache (a GPU's memory, or full contexts)
     max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)
 
 
 @dataclass(frozen=True)
@@ -89,6 +86,9 @@ class PoolSpec:
     min_replicas: int = DEFAULT_POOL_MIN
     max_replicas: int = DEFAULT_POOL_MAX
     placement: Placement = field(default_factory=Placement)
+    model: ModelSource | None = None  # None: the target's model (spec.target.model)
+    pod_template: PodTemplate | None = None
+    disruption: Disruption = field(default_factory=Disruption)
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,9 @@ def parse(spec: Mapping[str, Any]) -> ClusterSpec:
             dtype=_choice(draft, "dtype", "spec.draft", DTYPES),
             max_batch=_int(draft, "maxBatch", "spec.draft", DEFAULT_MAX_BATCH, minimum=1),
             schedule=_choice(draft, "schedule", "spec.draft", DRAFT_SCHEDULES),
+            pod_template=_pod_template(draft, "spec.draft"),
+            lifecycle=_lifecycle(draft, "spec.draft"),
+            disruption=_disruption(draft, "spec.draft"),
         ),
         target=TargetSpec(
             model=_model(target, "spec.target"),
@@ -145,6 +148,7 @@ def parse(spec: Mapping[str, Any]) -> ClusterSpec:
             max_num_seqs=_int(target, "maxNumSeqs", "spec.target", DEFAULT_MAX_NUM_SEQS, minimum=1),
             kv_cache_tokens=_int(target, "kvCacheTokens", "spec.target", 0, minimum=0) or None,
             max_prefill_tokens=_int(target, "maxPrefillTokens", "spec.target", DEFAULT_MAX_PREFILL_TOKENS, minimum=1),
+            lifecycle=_lifecycle(target, "spec.target"),
         ),
         replicas=_int(targets, "replicas", "spec.targets", DEFAULT_REPLICAS, minimum=0),
         pools=pools,
@@ -176,6 +180,9 @@ def _pool(raw: Any, where: str) -> PoolSpec:
         min_replicas=lo,
         max_replicas=hi,
         placement=_placement(raw, where),
+        model=_model(raw, where) if raw.get("model") is not None else None,
+        pod_template=_pod_template(raw, where),
+        disruption=_disruption(raw, where),
     )
 
 
@@ -206,15 +213,31 @@ def _autoscaling(raw: Mapping[str, Any]) -> AutoscalingSpec:
 
 
 def _model(parent: Mapping[str, Any], where: str) -> ModelSource:
-    raw = _mapping(parent, "model", where)
-    path = raw.get("path")
-    if not isinstance(path, str) or not path.startswith("/"):
-        raise SpecError(f"{where}.model.path must be an absolute path, got {path!r}")
-    claim = _optional_str(raw, "claimName", f"{where}.model")
-    sub_path = _optional_str(raw, "subPath", f"{where}.model")
-    if sub_path is not None and claim is None:
-        raise SpecError(f"{where}.model.subPath needs claimName")
-    return ModelSource(path=path, claim_name=claim, sub_path=sub_path)
+    try:
+        return modelsource.parse(parent.get("model"), f"{where}.model")
+    except modelsource.ModelSpecError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def _pod_template(parent: Mapping[str, Any], where: str) -> PodTemplate | None:
+    try:
+        return podtemplate.parse(parent.get("podTemplate"), f"{where}.podTemplate")
+    except podtemplate.TemplateError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def _lifecycle(parent: Mapping[str, Any], where: str) -> Lifecycle:
+    try:
+        return lifecycle.parse(parent, where)
+    except lifecycle.LifecycleError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def _disruption(parent: Mapping[str, Any], where: str) -> Disruption:
+    try:
+        return disruption.parse(parent, where)
+    except disruption.DisruptionError as exc:
+        raise SpecError(str(exc)) from None
 
 
 def _placement(parent: Mapping[str, Any], where: str) -> Placement:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import constants as c
-from . import naming, podspec
+from . import naming, podspec, podtemplate
 from .naming import Owner
 from .spec import ClusterSpec, PoolSpec
 
@@ -15,6 +15,7 @@ def statefulset(
 ) -> dict[str, Any]:
     """The pool's targets; ``replicas`` is the pool's share of the total (see :mod:`.pools`)."""
     target = spec.target
+    model = pool.model or target.model  # a pool may run its own copy (another quantisation, say)
     name = naming.pool_name(owner, pool.name)
     container = podspec.container(
         name=c.COMPONENT_TARGET,
@@ -23,7 +24,7 @@ def statefulset(
             "starsd",
             "target",
             "--model",
-            target.model.path,
+            model.serve_path,
             "--draft",
             naming.draft_endpoint(owner),
             "--port",
@@ -45,9 +46,11 @@ def statefulset(
         ],
         ports=[{"name": "http", "containerPort": c.TARGET_HTTP_PORT, "protocol": "TCP"}],
         probe_port="http",
-        model=target.model,
+        model=model,
         resources=pool.placement.resources,
         extra_env=[{"name": "STARSD_POOL", "value": pool.name}],
+        lc=target.lifecycle,
+        drain=True,
     )
     return {
         "apiVersion": "apps/v1",
@@ -61,10 +64,15 @@ def statefulset(
             "updateStrategy": {"type": "RollingUpdate"},
             "revisionHistoryLimit": 5,
             "selector": {"matchLabels": naming.selector_labels(owner, c.COMPONENT_TARGET, pool.name)},
-            "template": {
-                "metadata": {"labels": naming.labels(owner, c.COMPONENT_TARGET, pool.name)},
-                "spec": podspec.pod_spec(container_spec=container, model=target.model, placement=pool.placement),
-            },
+            "template": podtemplate.merge(
+                {
+                    "metadata": {"labels": naming.labels(owner, c.COMPONENT_TARGET, pool.name)},
+                    "spec": podspec.pod_spec(
+                        container_spec=container, model=model, placement=pool.placement, lc=target.lifecycle
+                    ),
+                },
+                pool.pod_template,
+            ),
         },
     }
 

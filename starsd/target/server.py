@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from starsd import __version__
 from starsd.sampling import SamplingParams
+from starsd.target import drain
 from starsd.target.api import (
     CompletionRequest,
     GenerationRequest,
@@ -90,6 +91,7 @@ class TargetApp:
         app.router.add_post("/detokenize", self.detokenize)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics)
+        drain.install(app)  # GET /drain: the pod's preStop hook (readiness fails, in-flight completions finish)
         return app
 
     @web.middleware

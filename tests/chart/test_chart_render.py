@@ -113,6 +113,7 @@ EXPECTED_PERMISSIONS = {
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"get", "list", "watch", "create", "patch", "update", "delete"},
+    ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "update", "delete"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
     ("", "namespaces"): {"get", "list", "watch"},
 }

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from starsd_operator import children, draft, naming, network, targets
 from starsd_operator import constants as c
+from starsd_operator.modelsource import MODEL_ROOT
 from starsd_operator.podspec import Images
 from starsd_operator.spec import ClusterSpec, parse
 
@@ -85,10 +86,13 @@ def test_the_children_of_a_two_pool_cluster() -> None:
         ("NetworkPolicy", "chat-draft"),
         ("Deployment", "chat-draft"),
         ("Service", "chat"),
+        ("PodDisruptionBudget", "chat-draft"),
         ("Service", "chat-target-h100"),
         ("StatefulSet", "chat-target-h100"),
+        ("PodDisruptionBudget", "chat-target-h100"),
         ("Service", "chat-target-l4"),
         ("StatefulSet", "chat-target-l4"),
+        ("PodDisruptionBudget", "chat-target-l4"),
     ]
 
 
@@ -243,17 +247,25 @@ def test_termination_messages_reach_the_status() -> None:
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
-def test_a_model_on_a_claim_is_mounted_read_only_at_its_path() -> None:
-    spec = cluster_spec(target={"model": {"path": "/models/target", "claimName": "weights", "subPath": "t"}})
+def test_a_model_on_a_claim_is_mounted_read_only_where_the_process_loads_it() -> None:
+    spec = cluster_spec(target={"model": {"pvc": {"claimName": "weights", "subPath": "t"}}})
     sts = targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES)
     assert {"name": "model", "persistentVolumeClaim": {"claimName": "weights", "readOnly": True}} in pod_spec(sts)[
         "volumes"
     ]
-    assert {"name": "model", "mountPath": "/models/target", "readOnly": True, "subPath": "t"} in only_container(sts)[
+    assert {"name": "model", "mountPath": MODEL_ROOT, "readOnly": True, "subPath": "t"} in only_container(sts)[
         "volumeMounts"
     ]
-    assert "--model" in only_container(sts)["command"]
-    assert only_container(sts)["command"][3] == "/models/target"
+    command = only_container(sts)["command"]
+    assert command[command.index("--model") + 1] == MODEL_ROOT
+    assert "initContainers" not in pod_spec(sts)
+
+
+def test_a_writable_claim_is_mounted_writable() -> None:
+    spec = cluster_spec(draft={"model": {"pvc": {"claimName": "w", "readOnly": False}}})
+    dep = draft.deployment(f.OWNER, spec, IMAGES)
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": "w", "readOnly": False}} in pod_spec(dep)["volumes"]
+    assert {"name": "model", "mountPath": MODEL_ROOT, "readOnly": False} in only_container(dep)["volumeMounts"]
 
 
 def test_a_model_in_the_image_mounts_nothing() -> None:

@@ -62,10 +62,13 @@ def test_reconcile_applies_every_child() -> None:
         ("NetworkPolicy", "chat-draft"),
         ("Deployment", "chat-draft"),
         ("Service", "chat"),
+        ("PodDisruptionBudget", "chat-draft"),
         ("Service", "chat-target-h100"),
         ("StatefulSet", "chat-target-h100"),
+        ("PodDisruptionBudget", "chat-target-h100"),
         ("Service", "chat-target-l4"),
         ("StatefulSet", "chat-target-l4"),
+        ("PodDisruptionBudget", "chat-target-l4"),
     ]
     assert memory.reconcile_error is None and kube.deleted == []
 
@@ -93,7 +96,11 @@ def test_a_pool_that_leaves_the_spec_is_deleted() -> None:
     kube.put(foreign)
     one_pool = f.spec(pools=[{"name": "h100"}])
     controller.reconcile(kube, f.body(one_pool, generation=2), CONFIG, memory)
-    assert sorted(kube.deleted) == [("Service", "chat-target-l4"), ("StatefulSet", "chat-target-l4")]
+    assert sorted(kube.deleted) == [
+        ("PodDisruptionBudget", "chat-target-l4"),
+        ("Service", "chat-target-l4"),
+        ("StatefulSet", "chat-target-l4"),
+    ]
     assert ("StatefulSet", "ml", "chat-target-old") in kube.objects  # not ours: left alone
 
 
@@ -105,7 +112,7 @@ def test_reconcile_posts_a_normal_event_per_created_child_and_none_when_nothing_
     kube, memory = FakeKube(), Memory()
     events = controller.reconcile(kube, f.body(), CONFIG, memory)
     assert reasons(events) == [("Normal", c.EVENT_CREATED, f"created {k} {n}") for k, n in kube.applied]
-    assert len(events) == 8
+    assert len(events) == 11
     assert controller.reconcile(kube, f.body(), CONFIG, memory) == []
 
 
@@ -123,9 +130,24 @@ def test_reconcile_posts_an_event_per_child_of_a_pool_that_left() -> None:
     events = controller.reconcile(kube, f.body(f.spec(pools=[{"name": "h100"}]), generation=2), CONFIG, memory)
     deleted = [e for e in reasons(events) if e[1] == c.EVENT_DELETED]
     assert sorted(m for _, _, m in deleted) == [
+        "deleted PodDisruptionBudget chat-target-l4: its pool left the spec",
         "deleted Service chat-target-l4: its pool left the spec",
         "deleted StatefulSet chat-target-l4: its pool left the spec",
     ]
+
+
+def test_a_pool_scaled_to_zero_loses_its_budget_and_gets_it_back() -> None:
+    kube, memory = reconciled(f.body())
+    pools = [{"name": "h100", "weight": 1, "maxReplicas": 1}, {"name": "l4", "weight": 0}]
+    events = controller.reconcile(
+        kube, f.body(f.spec(pools=pools, targets={"replicas": 1}), generation=2), CONFIG, memory
+    )
+    assert [e for e in reasons(events) if e[1] == c.EVENT_DELETED] == [
+        ("Normal", c.EVENT_DELETED, "deleted PodDisruptionBudget chat-target-l4: its pool has no replicas")
+    ]
+    assert ("StatefulSet", "ml", "chat-target-l4") in kube.objects
+    controller.reconcile(kube, f.body(f.spec(pools=pools, targets={"replicas": 3}), generation=3), CONFIG, memory)
+    assert ("PodDisruptionBudget", "ml", "chat-target-l4") in kube.objects
 
 
 def test_a_repair_reports_what_it_created_again() -> None:

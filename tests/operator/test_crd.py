@@ -80,12 +80,17 @@ def test_printer_columns(crd: dict[str, Any]) -> None:
 
 
 def test_schema_is_structural(schema: dict[str, Any]) -> None:
-    """Every node has a type (or is int-or-string), and nothing under spec keeps unknown fields."""
+    """Every node has a type (or is int-or-string), and nothing under spec keeps unknown fields but the pod
+    templates' pod specs: a core/v1 PodSpec that the API server checks, field by field, when the operator
+    applies the workload (copying the whole PodSpec schema in would add hundreds of kilobytes per copy)."""
+    preserved = []
     for path, node in walk(schema):
         if path.startswith(".metadata"):
             continue
         assert "type" in node or node.get("x-kubernetes-int-or-string"), f"{path} has no type"
-        assert not node.get("x-kubernetes-preserve-unknown-fields"), f"{path} preserves unknown fields"
+        if node.get("x-kubernetes-preserve-unknown-fields"):
+            preserved.append(path)
+    assert preserved == [".spec.draft.podTemplate.spec", ".spec.pools[].podTemplate.spec"]
 
 
 def test_metadata_restricts_only_the_name_to_what_can_name_a_service(schema: dict[str, Any]) -> None:
@@ -116,6 +121,8 @@ def test_cel_rules_cover_the_cross_field_checks(schema: dict[str, Any]) -> None:
         "size(self.pools) > 0",
         "self.targets.replicas >= self.autoscaling.minTargets",
         "self.targets.replicas <= self.autoscaling.maxTargets",
+        "(has(self.path) ? 1 : 0) + (has(self.pvc) ? 1 : 0) + (has(self.uri) ? 1 : 0) == 1",
+        "has(self.uri) || (!has(self.credentials) && !has(self.cache))",
     ):
         assert needle in rules, needle
     for _, node in walk(schema):
@@ -199,6 +206,11 @@ def test_the_schema_refuses(schema: dict[str, Any], mutate: Any, where: str) -> 
         lambda s: s["target"].update(gamma=17),
         lambda s: s.update(pools=[]),
         lambda s: s["autoscaling"].update(underloadedUtilization=0.9, saturatedUtilization=0.8),
+        lambda s: s["draft"].update(model={}),
+        lambda s: s["draft"].update(model={"path": "/m", "uri": "hf://o/n"}),
+        lambda s: s["target"].update(model={"path": "/m", "cache": {"claimName": "c"}}),
+        lambda s: s["target"].update(model={"uri": "ftp://h/m.tar.gz"}),
+        lambda s: s["pools"][0].update(model={"pvc": {"claimName": "c", "subPath": "a/../b"}}),
     ],
 )
 def test_what_only_cel_catches_the_operator_refuses_too(schema: dict[str, Any], mutate: Any) -> None:
@@ -246,3 +258,90 @@ def test_the_status_the_operator_writes_fits_the_schema(schema: dict[str, Any]) 
         c.COND_TARGETS_READY,
         c.COND_REBALANCING,
     }
+
+
+def _model_schemas(schema: dict[str, Any]) -> list[dict[str, Any]]:
+    s = schema["properties"]["spec"]["properties"]
+    return [
+        s["draft"]["properties"]["model"],
+        s["target"]["properties"]["model"],
+        s["pools"]["items"]["properties"]["model"],
+    ]
+
+
+def test_the_three_model_schemas_are_one_definition(schema: dict[str, Any]) -> None:
+    draft, target, pool = (copy.deepcopy(m) for m in _model_schemas(schema))
+    pool.pop("description")
+    draft.pop("description")
+    target.pop("description")
+    assert draft == target == pool
+    assert "model" in schema["properties"]["spec"]["properties"]["draft"]["required"]
+    assert "model" not in schema["properties"]["spec"]["properties"]["pools"]["items"].get("required", [])
+
+
+def test_the_uri_rule_allows_exactly_the_downloaders_schemes(schema: dict[str, Any]) -> None:
+    import re
+
+    from starsd import modeluri
+
+    [rule] = _model_schemas(schema)[0]["properties"]["uri"]["x-kubernetes-validations"]
+    pattern = re.search(r"matches\(r'(.*)'\)", rule["rule"])  # a raw CEL string: no escapes to undo
+    assert pattern is not None
+    allowed = re.search(r"\^\(([a-z0-9|]+)\)", pattern.group(1))
+    assert allowed is not None and tuple(allowed.group(1).split("|")) == modeluri.SCHEMES
+    regex = re.compile(pattern.group(1))
+    for text in ("hf://o/n", "s3://b/p", "gs://b/p", "https://h/m.tar.gz"):
+        assert regex.match(text), text
+    for text in ("ftp://h/m", "http://h/m.tar.gz", "hf://o/n x", "/models/x"):
+        assert not regex.match(text), text
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"pvc": {"claimName": "models", "subPath": "draft"}},
+        {"pvc": {"claimName": "models", "readOnly": False}},
+        {"uri": "hf://org/name@abc", "credentials": {"secretRef": {"name": "hf"}}, "cache": {"claimName": "c"}},
+        {"uri": "s3://bucket/prefix"},
+        {"uri": "https://h/m.tar.gz"},
+    ],
+)
+def test_every_model_source_fits_the_schema_and_parses(schema: dict[str, Any], model: dict[str, Any]) -> None:
+    sample = f.sample()
+    sample["spec"]["draft"]["model"] = model
+    sample["spec"]["pools"][0]["model"] = model
+    assert errors(schema, sample) == []
+    parsed = specmod.parse(apply_defaults(schema, sample)["spec"])
+    assert parsed.draft.model == parsed.pools[0].model
+
+
+@pytest.mark.parametrize(
+    ("model", "where"),
+    [
+        ({"pvc": {"subPath": "x"}}, "spec.draft.model.pvc"),
+        ({"pvc": {"claimName": "c", "subPath": "/abs"}}, "spec.draft.model.pvc.subPath"),
+        ({"uri": "hf://o/n", "credentials": {"secretRef": {}}}, "spec.draft.model.credentials.secretRef"),
+        ({"uri": "hf://o/n", "cache": {}}, "spec.draft.model.cache"),
+        ({"uri": "hf://o/n", "mirror": "x"}, "spec.draft.model"),
+    ],
+)
+def test_the_schema_refuses_malformed_model_sources(schema: dict[str, Any], model: dict[str, Any], where: str) -> None:
+    sample = f.sample()
+    sample["spec"]["draft"]["model"] = model
+    found = errors(schema, sample)
+    assert any(e.startswith(where) for e in found), found
+
+
+def test_lifecycle_defaults_match_the_operator(schema: dict[str, Any]) -> None:
+    from starsd_operator import lifecycle
+
+    s = schema["properties"]["spec"]["properties"]
+    for role in ("draft", "target"):
+        props = s[role]["properties"]
+        assert props["terminationGracePeriodSeconds"]["default"] == lifecycle.DEFAULT_GRACE_SECONDS
+        probes = props["probes"]["properties"]
+        assert probes["startupSeconds"]["default"] == lifecycle.DEFAULT_STARTUP_SECONDS
+        assert probes["startupSeconds"]["maximum"] == lifecycle.MAX_STARTUP_SECONDS
+        assert probes["readinessPeriodSeconds"]["default"] == lifecycle.DEFAULT_READINESS_PERIOD
+        assert probes["livenessPeriodSeconds"]["default"] == lifecycle.DEFAULT_LIVENESS_PERIOD
+        assert probes["timeoutSeconds"]["default"] == lifecycle.DEFAULT_PROBE_TIMEOUT

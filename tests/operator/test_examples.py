@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 from starsd_operator import constants as c
 from starsd_operator import spec as specmod
+from starsd_operator.modelsource import ClaimSource, ModelSource
 
 from . import factories as f
 from .test_crd import errors
@@ -38,9 +39,8 @@ def test_the_claim_patch_turns_the_example_into_a_valid_cluster_that_mounts_the_
     patched = merge(f.sample(), patch)
     assert errors(schema(), patched) == []
     parsed = specmod.parse(patched["spec"])
-    assert (parsed.draft.model.claim_name, parsed.draft.model.sub_path) == ("starsd-models", "draft")
-    assert (parsed.target.model.claim_name, parsed.target.model.sub_path) == ("starsd-models", "target")
-    assert parsed.draft.model.path == f.sample()["spec"]["draft"]["model"]["path"]
+    assert parsed.draft.model == ModelSource(pvc=ClaimSource("starsd-models", "draft"))
+    assert parsed.target.model == ModelSource(pvc=ClaimSource("starsd-models", "target"))
 
 
 def test_the_claim_the_patch_names_is_the_one_the_recipe_creates() -> None:
@@ -48,7 +48,7 @@ def test_the_claim_the_patch_names_is_the_one_the_recipe_creates() -> None:
     (claim,) = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
     (loader,) = [d for d in docs if d["kind"] == "Pod"]
     patch = yaml.safe_load((EXAMPLES / "models" / "from-claim.yaml").read_text())
-    assert patch["spec"]["draft"]["model"]["claimName"] == claim["metadata"]["name"]
+    assert patch["spec"]["draft"]["model"]["pvc"]["claimName"] == claim["metadata"]["name"]
     assert loader["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
     assert loader["spec"]["securityContext"]["runAsUser"] == c.RUN_AS_USER
 

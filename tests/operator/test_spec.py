@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from starsd_operator.modelsource import ClaimSource
 from starsd_operator.spec import AutoscalingSpec, ModelSource, SpecError, parse
 
 from . import factories as f
@@ -21,10 +22,20 @@ def test_a_minimal_spec_gets_the_defaults() -> None:
     assert parsed.autoscaling.enabled is False
 
 
-def test_models_in_the_image_or_on_a_claim() -> None:
-    parsed = parse(f.spec(draft={"model": {"path": "/m", "claimName": "c", "subPath": "d"}}))
-    assert parsed.draft.model == ModelSource(path="/m", claim_name="c", sub_path="d")
+def test_models_in_the_image_on_a_claim_or_at_a_uri() -> None:
+    parsed = parse(f.spec(draft={"model": {"pvc": {"claimName": "c", "subPath": "d"}}}))
+    assert parsed.draft.model == ModelSource(pvc=ClaimSource(claim_name="c", sub_path="d", read_only=True))
     assert parse(f.spec()).target.model == ModelSource(path="/models/target")
+    uri = {"uri": "hf://o/n@v1", "credentials": {"secretRef": {"name": "hf"}}, "cache": {"claimName": "cache"}}
+    assert parse(f.spec(target={"model": uri})).target.model == ModelSource(
+        uri="hf://o/n@v1", secret_name="hf", cache_claim="cache"
+    )
+
+
+def test_a_pool_may_override_the_target_model() -> None:
+    parsed = parse(f.spec(pools=[{"name": "a", "model": {"uri": "s3://bucket/int8"}}, {"name": "b"}]))
+    assert parsed.pools[0].model == ModelSource(uri="s3://bucket/int8")
+    assert parsed.pools[1].model is None
 
 
 def test_placement_is_copied() -> None:
@@ -52,6 +63,16 @@ def test_placement_is_copied() -> None:
     [
         ({"draft": None}, "spec.draft"),
         ({"target": {"model": {"path": "relative"}}}, "spec.target.model.path"),
+        ({"target": {"model": {}}}, "spec.target.model needs exactly one source"),
+        ({"target": {"model": {"path": "/t", "uri": "hf://o/n"}}}, "spec.target.model needs exactly one source"),
+        ({"target": {"model": {"uri": "ftp://x/y"}}}, "spec.target.model.uri: 'ftp://x/y': the scheme 'ftp'"),
+        ({"target": {"model": {"uri": "hf://only-name"}}}, "spec.target.model.uri"),
+        ({"target": {"model": {"path": "/t", "cache": {"claimName": "c"}}}}, "spec.target.model.cache"),
+        ({"target": {"model": {"uri": "hf://o/n", "cache": {}}}}, "spec.target.model.cache.claimName"),
+        ({"target": {"model": {"uri": "hf://o/n", "credentials": {}}}}, "spec.target.model.credentials.secretRef"),
+        ({"target": {"model": {"pvc": {"subPath": "x"}}}}, "spec.target.model.pvc.claimName"),
+        ({"target": {"model": {"pvc": {"claimName": "c", "subPath": "../x"}}}}, "spec.target.model.pvc.subPath"),
+        ({"pools": [{"name": "a", "model": {"uri": "gs://B/x"}}]}, "spec.pools[0].model.uri"),
         ({"target": {"model": {"path": "/t"}, "gamma": 0}}, "spec.target.gamma"),
         ({"target": {"model": {"path": "/t"}, "gamma": 17}}, "spec.target.gamma"),
         ({"target": {"model": {"path": "/t"}, "gamma": True}}, "spec.target.gamma"),
@@ -63,7 +84,7 @@ def test_placement_is_copied() -> None:
         ({"autoscaling": {"minTargets": 4, "maxTargets": 2}}, "spec.autoscaling"),
         ({"autoscaling": {"maxStep": 0}}, "spec.autoscaling.maxStep"),
         ({"autoscaling": {"enabled": "yes"}}, "spec.autoscaling.enabled"),
-        ({"draft": {"model": {"path": "/d", "subPath": "x"}}}, "spec.draft.model.subPath"),
+        ({"draft": {"model": {"path": "/d", "pvc": {"claimName": "c"}}}}, "spec.draft.model needs exactly one"),
         ({"draft": {"model": {"path": "/d"}, "nodeSelector": {"a": 1}}}, "spec.draft.nodeSelector"),
     ],
 )

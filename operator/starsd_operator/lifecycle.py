@@ -1,0 +1,108 @@
+"""How a data-plane pod starts, is checked, and stops: probes, the grace period, the preStop drain, /dev/shm.
+
+* A **startup probe** holds the liveness probe off for ``probes.startupSeconds`` while the model loads
+  (a large checkpoint takes tens of minutes: the budget goes up to a day); then **readiness** on ``/readyz``
+  and **liveness** on ``/healthz`` at their periods.
+* ``terminationGracePeriodSeconds`` (default 120) bounds a stop. A target's **preStop** hook calls its
+  ``/drain`` (:mod:`starsd.target.drain`): readiness fails, new completions are refused, the ones in flight
+  finish; the kubelet sends SIGTERM when it returns, and kills the pod at the end of the grace period.
+* A pod that asks for a GPU gets a memory-backed ``/dev/shm`` (the runtime's 64 MiB default is too small for
+  the CUDA libraries' inter-process buffers).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# Defaults; crds/starsdcluster.yaml declares the same values (tests/operator/test_lifecycle.py checks).
+DEFAULT_GRACE_SECONDS = 120
+DEFAULT_STARTUP_SECONDS = 600
+DEFAULT_READINESS_PERIOD = 5
+DEFAULT_LIVENESS_PERIOD = 10
+DEFAULT_PROBE_TIMEOUT = 2
+MAX_GRACE_SECONDS = 86400
+MAX_STARTUP_SECONDS = 86400
+STARTUP_PERIOD = 10  # seconds between startup checks; the budget sets how many may fail
+SHM_VOLUME = "dshm"
+SHM_PATH = "/dev/shm"
+
+
+class LifecycleError(ValueError):
+    """A lifecycle field the operator cannot use; the message names it."""
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    grace_seconds: int = DEFAULT_GRACE_SECONDS
+    startup_seconds: int = DEFAULT_STARTUP_SECONDS
+    readiness_period: int = DEFAULT_READINESS_PERIOD
+    liveness_period: int = DEFAULT_LIVENESS_PERIOD
+    probe_timeout: int = DEFAULT_PROBE_TIMEOUT
+
+
+def parse(raw: Mapping[str, Any], where: str) -> Lifecycle:
+    """``terminationGracePeriodSeconds`` and ``probes`` of ``raw`` (a spec's ``draft`` or ``target``)."""
+    probes = raw.get("probes")
+    probes = {} if probes is None else probes
+    if not isinstance(probes, Mapping):
+        raise LifecycleError(f"{where}.probes must be an object")
+    at = f"{where}.probes"
+    return Lifecycle(
+        grace_seconds=_int(raw, "terminationGracePeriodSeconds", where, DEFAULT_GRACE_SECONDS, 0, MAX_GRACE_SECONDS),
+        startup_seconds=_int(probes, "startupSeconds", at, DEFAULT_STARTUP_SECONDS, 10, MAX_STARTUP_SECONDS),
+        readiness_period=_int(probes, "readinessPeriodSeconds", at, DEFAULT_READINESS_PERIOD, 1, 300),
+        liveness_period=_int(probes, "livenessPeriodSeconds", at, DEFAULT_LIVENESS_PERIOD, 1, 300),
+        probe_timeout=_int(probes, "timeoutSeconds", at, DEFAULT_PROBE_TIMEOUT, 1, 60),
+    )
+
+
+def _int(raw: Mapping[str, Any], key: str, where: str, default: int, lo: int, hi: int) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise LifecycleError(f"{where}.{key} must be an integer in {lo}..{hi}, got {value!r}")
+    return value
+
+
+def probes(port: str, lc: Lifecycle) -> dict[str, Any]:
+    """Startup (the load budget), readiness on ``/readyz``, liveness on ``/healthz``."""
+
+    def get(path: str, period: int, failures: int) -> dict[str, Any]:
+        return {
+            "httpGet": {"path": path, "port": port},
+            "periodSeconds": period,
+            "timeoutSeconds": lc.probe_timeout,
+            "failureThreshold": failures,
+        }
+
+    return {
+        "startupProbe": get("/healthz", STARTUP_PERIOD, math.ceil(lc.startup_seconds / STARTUP_PERIOD)),
+        "readinessProbe": get("/readyz", lc.readiness_period, 3),
+        "livenessProbe": get("/healthz", lc.liveness_period, 3),
+    }
+
+
+def drain_hook(port: int) -> dict[str, Any]:
+    """The target's preStop hook: ``GET /drain`` on the pod's loopback (the only address the target accepts
+    a drain from), answered once the completions in flight have finished. The image's Python does the GET:
+    no curl or wget needed."""
+    script = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/drain')"
+    return {"preStop": {"exec": {"command": ["python", "-c", script]}}}
+
+
+def wants_gpu(resources: Mapping[str, Any]) -> bool:
+    """Whether a container's resources ask for a GPU (``nvidia.com/gpu``, ``amd.com/gpu``, ...)."""
+    return any(
+        str(name).endswith("/gpu") and str(amount) not in ("0", "")
+        for kind in ("limits", "requests")
+        for name, amount in (resources.get(kind) or {}).items()
+    )
+
+
+def shm(resources: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(volumes, mounts)`` of a memory-backed ``/dev/shm`` for a GPU container; nothing for a CPU one."""
+    if not wants_gpu(resources):
+        return [], []
+    return [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}], [{"name": SHM_VOLUME, "mountPath": SHM_PATH}]
