@@ -2,7 +2,9 @@
 
 :class:`StepScheduler` collects the rows that are ready (a session whose draft answered, whose fallback round is
 due, or whose prompt needs prefill) and runs them as one step on the model thread as soon as the previous step
-ends; rows that arrive meanwhile join the next step. A session waiting for its draft is simply not in the
+ends; rows that arrive meanwhile join the next step. A step starts one event-loop turn after it could: the
+sessions of the step that just ended resume in that turn and queue their next rounds, so they run together
+instead of the first one to resume running alone. A session waiting for its draft is simply not in the
 queue, so it never holds up the others, and a finished or cancelled session leaves at once.
 
 :class:`KvBudget` admits completions: at most ``max_num_seqs`` run at once, and the key/value pool that holds
@@ -59,6 +61,7 @@ class StepScheduler(Generic[Row, Outcome]):
         self._on_step = on_step
         self._queue: collections.deque[_Pending[Row, Outcome]] = collections.deque()
         self._running = False
+        self._start_soon = False  # a start is scheduled for the next event-loop turn
 
     @property
     def waiting(self) -> int:
@@ -68,7 +71,7 @@ class StepScheduler(Generic[Row, Outcome]):
         """Run ``row`` in the next step that has room; ``cost`` is the number of tokens it feeds."""
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._queue.append(_Pending(row, future, cost))
-        self._start()
+        self._schedule_start()
         return await future  # a cancelled caller's row is skipped if it has not started yet
 
     def _take(self) -> list[_Pending[Row, Outcome]]:
@@ -87,7 +90,13 @@ class StepScheduler(Generic[Row, Outcome]):
         self._queue.extendleft(reversed(skipped))
         return taken
 
+    def _schedule_start(self) -> None:
+        if not self._running and not self._start_soon:
+            self._start_soon = True
+            asyncio.get_running_loop().call_soon(self._start)
+
     def _start(self) -> None:
+        self._start_soon = False
         if self._running:
             return
         batch = self._take()
@@ -114,7 +123,7 @@ class StepScheduler(Generic[Row, Outcome]):
             else:
                 assert error is not None
                 item.future.set_exception(error)
-        self._start()
+        self._schedule_start()  # after the sessions woken above have queued their next rounds
 
 
 @dataclass
