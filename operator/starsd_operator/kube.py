@@ -69,6 +69,8 @@ _KINDS = {
     "Service": _Kind("CoreV1Api", "service"),
     "NetworkPolicy": _Kind("NetworkingV1Api", "network_policy"),
     "Pod": _Kind("CoreV1Api", "pod"),
+    # Read only: an HPA on a cluster's scale subresource makes the rebalancer step aside.
+    "HorizontalPodAutoscaler": _Kind("AutoscalingV2Api", "horizontal_pod_autoscaler"),
 }
 
 

@@ -28,6 +28,7 @@ class Options:
     liveness_port: int = 8080
     tick_interval: float = 5.0  # seconds between status refreshes and load readings of one cluster
     load_timeout: float = 3.0
+    allow_load_url_annotation: bool = False  # honour starsd.io/load-url (tests; never in a shared cluster)
 
 
 class QuietTicks(logging.Filter):
@@ -70,13 +71,22 @@ def run(options: Options, env: Mapping[str, str] | None = None) -> None:
     env = os.environ if env is None else env
     kube.load_config()
     logging.getLogger("kopf.objects").addFilter(QuietTicks())
-    config = Config(images=Images.from_env(env), load_timeout=options.load_timeout)
+    config = Config(
+        images=Images.from_env(env),
+        load_timeout=options.load_timeout,
+        allow_load_url_annotation=options.allow_load_url_annotation,
+    )
     log.info(
         "starsd operator: %s, draft image %s, target image %s",
         f"namespace {options.namespace}" if options.namespace else "all namespaces",
         config.images.draft,
         config.images.target,
     )
+    if config.allow_load_url_annotation:
+        log.warning(
+            "the %s annotation is honoured: whoever may edit a StarSDCluster chooses a URL it reads",
+            c.ANNOTATION_LOAD_URL,
+        )
     kopf.run(
         registry=build_registry(options),
         settings=build_settings(),

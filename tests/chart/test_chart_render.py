@@ -104,6 +104,7 @@ def test_operator_probes_use_the_liveness_endpoint_it_serves(rendered: Rendered)
 # The permissions the operator uses (what it reads, writes and watches); anything else is a regression.
 EXPECTED_PERMISSIONS = {
     ("starsd.io", "starsdclusters"): {"get", "list", "watch", "patch", "update"},
+    ("starsd.io", "starsdclusters/finalizers"): {"update"},
     ("starsd.io", "starsdclusters/status"): {"get", "patch", "update"},
     ("starsd.io", "starsdclusters/scale"): {"get", "patch", "update"},
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "update", "delete"},
@@ -115,6 +116,7 @@ EXPECTED_PERMISSIONS = {
     ("networking.k8s.io", "networkpolicies"): {"get", "list", "watch", "create", "patch", "update", "delete"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
     ("", "namespaces"): {"get", "list", "watch"},
+    ("autoscaling", "horizontalpodautoscalers"): {"list"},
 }
 
 
