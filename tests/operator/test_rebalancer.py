@@ -4,6 +4,7 @@ steady signal reaches its target within the window plus one step period per step
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -325,7 +326,7 @@ def test_the_timeout_restarts_after_each_change() -> None:
     policy = replace(POLICY, convergence_timeout_seconds=60.0)
     run = Run(policy, replicas=8, trace=steady(idle_targets()), stuck=1).go(60)
     steps = [i for i, d in enumerate(run.decisions) if d.changed]
-    assert all(b - a >= 60.0 / INTERVAL for a, b in zip(steps, steps[1:], strict=False))
+    assert all(b - a >= 60.0 / INTERVAL for a, b in itertools.pairwise(steps))
 
 
 # --- properties over generated traces ---------------------------------------------------------------------
@@ -363,9 +364,7 @@ def test_a_signal_alternating_faster_than_the_window_never_changes_the_count(
     longest = int(min(policy.up.window_seconds, policy.down.window_seconds) // INTERVAL)
     runs = data.draw(st.lists(st.integers(min_value=1, max_value=longest), min_size=4, max_size=30))
     n_star = data.draw(st.integers(min_value=start + 1, max_value=40))
-    others = data.draw(
-        st.lists(st.sampled_from(["idle", "draft", "balanced"]), min_size=len(runs), max_size=len(runs))
-    )
+    others = data.draw(st.lists(st.sampled_from(["idle", "draft", "balanced"]), min_size=len(runs), max_size=len(runs)))
     trace: list[Load] = []
     for i, length in enumerate(runs):
         if i % 2 == 0:
@@ -390,7 +389,9 @@ def test_a_steady_signal_reaches_its_target_within_the_window_plus_one_period_pe
     goal = min(max(goal, lo), hi) if goal != start else start
     direction = policy.up if goal > start else policy.down
     steps = math.ceil(abs(goal - start) / direction.max_step)
-    run = Run(policy, replicas=start, trace=steady(reading)).go(int((direction.window_seconds + 40 * INTERVAL) / INTERVAL))
+    run = Run(policy, replicas=start, trace=steady(reading)).go(
+        int((direction.window_seconds + 40 * INTERVAL) / INTERVAL)
+    )
     assert run.history[-1] == goal
     if steps:
         reached = next(i for i, n in enumerate(run.history) if n == goal)
@@ -419,9 +420,7 @@ def any_load() -> st.SearchStrategy[Load]:
     pools=st.tuples(st.integers(min_value=0, max_value=4), st.integers(min_value=4, max_value=30)),
     settle=st.integers(min_value=0, max_value=3),
 )
-def test_bounds_always_hold(
-    policy: Policy, start: int, trace: list[Load], pools: tuple[int, int], settle: int
-) -> None:
+def test_bounds_always_hold(policy: Policy, start: int, trace: list[Load], pools: tuple[int, int], settle: int) -> None:
     policy = replace(policy, pool_capacity=pools, convergence_timeout_seconds=20.0)
     lo, hi = policy.bounds
     start = min(max(start, lo), hi)
