@@ -77,8 +77,9 @@ def service_account_kubeconfig(cluster: Cluster, path: Path) -> Path:
 class OperatorProcess:
     """Starts, kills and restarts `starsd operator`; each run logs to .cluster/logs/operator-N.log."""
 
-    def __init__(self, cluster: Cluster, kubeconfig: Path, env: dict[str, str]) -> None:
+    def __init__(self, cluster: Cluster, kubeconfig: Path, env: dict[str, str], args: tuple[str, ...] = ()) -> None:
         self.cluster = cluster
+        self.args = args
         self.kubeconfig = kubeconfig
         self.env = env
         self.port = free_port()
@@ -104,6 +105,7 @@ class OperatorProcess:
                 "operator",
                 f"--liveness=http://127.0.0.1:{self.port}/healthz",
                 "--interval=1",
+                *self.args,
             ],
             env=env,
             stdout=self._log,

@@ -1,10 +1,11 @@
 """Issue 4's scenario 4: the rebalancer against a real draft server process.
 
 A real `starsd draft` (emulated 4 ms service time) runs on loopback; emulated targets (starsd.bench) keep
-sessions going through it with a 100 ms verify time, so the draft is under-loaded and sessions outnumber the
-cluster's targets. The StarSDCluster's `starsd.io/load-url` annotation points the operator at that draft's
-/v1/load. The operator must raise spec.targets.replicas toward N* (capped by the sessions and maxStep),
-record it once as an Event and in status.lastRebalance, and then hold while the load holds.
+sessions going through it with a 100 ms verify time, so the draft is under-loaded and the targets, each
+running its one session, report a full batch. The StarSDCluster's `starsd.io/load-url` annotation (honoured
+because the e2e operator runs with --allow-load-url-annotation) points the operator at that draft's /v1/load.
+The operator must raise spec.targets.replicas toward N* (capped by maxStep and maxTargets), record it once
+as an Event and in status.lastRebalance, and then hold while the load holds.
 """
 
 from __future__ import annotations
@@ -98,7 +99,11 @@ def test_rebalancer_raises_targets_of_an_under_loaded_draft_once_and_holds(
         doc["metadata"]["annotations"] = {"starsd.io/load-url": draft.endpoint.load_url}
         doc["spec"]["targets"]["replicas"] = START_REPLICAS
         doc["spec"]["autoscaling"].update(
-            enabled=True, minTargets=1, maxTargets=12, maxStep=MAX_STEP, stabilizationWindowSeconds=5
+            enabled=True,
+            minTargets=1,
+            maxTargets=SESSIONS,
+            scaleUp={"stabilizationWindowSeconds": 5, "maxStep": MAX_STEP},
+            scaleDown={"stabilizationWindowSeconds": 5, "maxStep": MAX_STEP},
         )
         ssd.apply(cluster, namespace, doc)
 
@@ -107,7 +112,8 @@ def test_rebalancer_raises_targets_of_an_under_loaded_draft_once_and_holds(
             return obj if obj["spec"]["targets"]["replicas"] != START_REPLICAS else None
 
         obj = wait_until("the rebalancer to change the target count", raised, timeout=150, interval=1)
-        # Up toward N* (26), but no further than the sessions (6) and one capped step (2 + 4).
+        # Targets saturated (each emulated target runs its one session), draft under-loaded: up toward N* (26),
+        # one capped step (2 + 4), which is also maxTargets.
         expected = min(SESSIONS, START_REPLICAS + MAX_STEP)
         assert obj["spec"]["targets"]["replicas"] == expected
         last = obj["status"]["lastRebalance"]
