@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from . import children, churn, conditions, loadclient, naming, pools, rebalancer, status
+from . import children, churn, conditions, imagepolicy, loadclient, naming, pools, rebalancer, status
 from . import constants as c
 from .kube import Kube, KubeError
 from .naming import Owner
@@ -79,8 +79,9 @@ def reconcile(kube: Kube, body: Mapping[str, Any], config: Config, memory: Memor
     generation = int(body["metadata"].get("generation") or 0)
     try:
         spec = parse(body.get("spec") or {})
-        wanted = children.desired(owner, spec, config.images)
         before = _existing(kube, owner)
+        images = cluster_images(owner, spec, body, config, before)
+        wanted = children.desired(owner, spec, images)
         for obj in wanted:
             kube.apply(obj)
         events = change_events(before, wanted)
@@ -93,6 +94,35 @@ def reconcile(kube: Kube, body: Mapping[str, Any], config: Config, memory: Memor
 
 
 CHILD_KINDS = ("Service", "NetworkPolicy", "Deployment", "StatefulSet")
+
+
+def images_record(kube: Kube, body: Mapping[str, Any], config: Config) -> dict[str, str] | None:
+    """``status.images`` after a successful reconcile (None when the spec does not parse)."""
+    try:
+        spec = parse(body.get("spec") or {})
+    except SpecError:
+        return None
+    owner = owner_of(body)
+    return imagepolicy.record(cluster_images(owner, spec, body, config, _existing(kube, owner)))
+
+
+def cluster_images(
+    owner: Owner,
+    spec: ClusterSpec,
+    body: Mapping[str, Any],
+    config: Config,
+    existing: Mapping[tuple[str, str], Mapping[str, Any]],
+) -> Images:
+    """The default images of this cluster's pods under its ``spec.imagePolicy`` (see :mod:`.imagepolicy`)."""
+    recorded = (body.get("status") or {}).get("images")
+    running: dict[str, str | None] = {}
+    if not recorded:
+        if spec.draft.image is None:
+            running["draft"] = imagepolicy.container_image(existing.get(("Deployment", naming.draft_name(owner))))
+        if spec.target.image is None:
+            sets = [existing.get(("StatefulSet", naming.pool_name(owner, p.name))) for p in spec.pools]
+            running["target"] = next((i for i in map(imagepolicy.container_image, sets) if i), None)
+    return imagepolicy.resolve(spec.image_policy, config.images, recorded, running)
 
 
 def _existing(kube: Kube, owner: Owner) -> dict[tuple[str, str], dict[str, Any]]:

@@ -31,6 +31,7 @@ DEFAULT_SCALE_DOWN_WINDOW_SECONDS = 300
 DEFAULT_SCALE_DOWN_MAX_STEP = 2
 DEFAULT_CONVERGENCE_TIMEOUT_SECONDS = 600
 RATE_POLICY_TYPES = ("Pods", "Percent")
+IMAGE_POLICIES = ("Pinned", "FollowOperator")  # the first is the default
 SELECT_POLICIES = ("Max", "Min", "Disabled")
 
 
@@ -82,6 +83,7 @@ class TargetSpec:
     model: ModelSource
     image: str | None = None
     gamma: int = DEFAULT_GAMMA  # draft tokens proposed per round
+    adaptive_gamma: bool = False  # each completion picks its gamma per round, at most ``gamma``
     dtype: str = "auto"
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS  # completions per target at once, batched per step
     kv_cache_tokens: int | None = None  # None: the target sizes its cache (a GPU's memory, or full contexts)
@@ -148,6 +150,7 @@ class ClusterSpec:
     replicas: int  # spec.targets.replicas: the total target count (the scale subresource)
     pools: tuple[PoolSpec, ...]
     autoscaling: AutoscalingSpec = field(default_factory=AutoscalingSpec)
+    image_policy: str = "Pinned"  # Pinned | FollowOperator (see imagepolicy.py)
 
 
 def parse(spec: Mapping[str, Any]) -> ClusterSpec:
@@ -178,6 +181,7 @@ def parse(spec: Mapping[str, Any]) -> ClusterSpec:
             model=_model(target, "spec.target"),
             image=_optional_str(target, "image", "spec.target"),
             gamma=gamma,
+            adaptive_gamma=_bool(target, "adaptiveGamma", "spec.target"),
             dtype=_choice(target, "dtype", "spec.target", DTYPES),
             max_num_seqs=_int(target, "maxNumSeqs", "spec.target", DEFAULT_MAX_NUM_SEQS, minimum=1),
             kv_cache_tokens=_int(target, "kvCacheTokens", "spec.target", 0, minimum=0) or None,
@@ -186,6 +190,7 @@ def parse(spec: Mapping[str, Any]) -> ClusterSpec:
         replicas=_int(targets, "replicas", "spec.targets", DEFAULT_REPLICAS, minimum=0),
         pools=pools,
         autoscaling=_autoscaling(spec.get("autoscaling") or {}),
+        image_policy=_choice(spec, "imagePolicy", "spec", IMAGE_POLICIES),
     )
 
 
@@ -320,6 +325,13 @@ def _optional_str(parent: Mapping[str, Any], key: str, where: str) -> str | None
         return None
     if not isinstance(value, str):
         raise SpecError(f"{where}.{key} must be a string")
+    return value
+
+
+def _bool(parent: Mapping[str, Any], key: str, where: str, default: bool = False) -> bool:
+    value = parent.get(key, default)
+    if not isinstance(value, bool):
+        raise SpecError(f"{where}.{key} must be a boolean, got {value!r}")
     return value
 
 

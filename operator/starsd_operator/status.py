@@ -81,6 +81,7 @@ def build(obs: Observation, previous: Mapping[str, Any], now: datetime) -> dict[
         "observedGeneration": previous.get("observedGeneration"),
         "selector": naming.status_selector(owner),
         "lastRebalance": previous.get("lastRebalance"),
+        "images": previous.get("images"),  # written by the reconcile (imagepolicy.py)
     }
     draft_cond = Condition(c.COND_DRAFT_READY, False, "InvalidSpec", obs.spec_error or "")
     targets_cond = Condition(c.COND_TARGETS_READY, False, "InvalidSpec", obs.spec_error or "")

@@ -192,7 +192,7 @@ def test_sample_cluster_renders_the_values(render: Render) -> None:
     assert sample["metadata"]["name"] == "chat"
     spec = sample["spec"]
     assert spec["draft"]["model"] == {"path": "/models/draft"}
-    assert spec["target"] == {"model": {"path": "/models/target"}, "gamma": 4}
+    assert spec["target"]["model"] == {"path": "/models/target"} and spec["target"]["gamma"] == 4
     assert [p["name"] for p in spec["pools"]] == ["h100", "l4"]
     assert spec["pools"][0]["tolerations"][0]["key"] == "starsd.io/pool"
 

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 from starsd.local import LocalStar, http_json
-
 from tests.integration.conftest import start_star
 
 MAX_NUM_SEQS = 4

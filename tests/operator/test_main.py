@@ -91,7 +91,10 @@ def test_the_reconcile_handler_maps_errors_for_kopf(monkeypatch: pytest.MonkeyPa
     patch = kopf.Patch()
     logger = logging.getLogger("test")
     handlers.reconcile(body=body(generation=4), patch=patch, memo=memo, logger=logger)
-    assert patch["status"] == {"observedGeneration": 4}
+    assert patch["status"] == {
+        "observedGeneration": 4,
+        "images": {"draft": "starsd/draft:0.1.0", "target": "starsd/target:0.1.0"},  # pinned (imagepolicy.py)
+    }
     assert posted and set(posted) == {("Normal", c.EVENT_CREATED)}
     assert isinstance(memo[handlers.MEMORY_KEY], Memory)
     with pytest.raises(kopf.PermanentError, match="invalid spec"):
