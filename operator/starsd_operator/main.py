@@ -39,8 +39,11 @@ class QuietTicks(logging.Filter):
         return record.getMessage() != "Timer 'tick' succeeded."
 
 
-def configure_settings(settings: kopf.OperatorSettings) -> None:
+def configure_settings(settings: kopf.OperatorSettings, *, namespaced: bool = False) -> None:
     settings.peering.standalone = True
+    # Watching one namespace, kopf needs no cluster-wide scans of CRDs and namespaces: the operator then
+    # runs under a namespaced Role (permissions.py).
+    settings.scanning.disabled = namespaced
     settings.persistence.finalizer = c.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.KOPF_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -60,9 +63,9 @@ def build_registry(options: Options) -> kopf.OperatorRegistry:
     return registry
 
 
-def build_settings() -> kopf.OperatorSettings:
+def build_settings(*, namespaced: bool = False) -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
-    configure_settings(settings)
+    configure_settings(settings, namespaced=namespaced)
     return settings
 
 
@@ -89,7 +92,7 @@ def run(options: Options, env: Mapping[str, str] | None = None) -> None:
         )
     kopf.run(
         registry=build_registry(options),
-        settings=build_settings(),
+        settings=build_settings(namespaced=options.namespace is not None),
         standalone=True,
         clusterwide=options.namespace is None,
         namespaces=[options.namespace] if options.namespace else (),

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from starsd_operator import permissions
 
 from .conftest import Rendered
 
@@ -102,22 +103,6 @@ def test_operator_probes_use_the_liveness_endpoint_it_serves(rendered: Rendered)
 
 
 # The permissions the operator uses (what it reads, writes and watches); anything else is a regression.
-EXPECTED_PERMISSIONS = {
-    ("starsd.io", "starsdclusters"): {"get", "list", "watch", "patch", "update"},
-    ("starsd.io", "starsdclusters/finalizers"): {"update"},
-    ("starsd.io", "starsdclusters/status"): {"get", "patch", "update"},
-    ("starsd.io", "starsdclusters/scale"): {"get", "patch", "update"},
-    ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "update", "delete"},
-    ("apps", "statefulsets"): {"get", "list", "watch", "create", "patch", "update", "delete"},
-    ("", "services"): {"get", "list", "watch", "create", "patch", "update", "delete"},
-    ("", "pods"): {"get", "list", "watch"},
-    ("", "events"): {"create", "patch"},
-    ("events.k8s.io", "events"): {"create", "patch"},
-    ("networking.k8s.io", "networkpolicies"): {"get", "list", "watch", "create", "patch", "update", "delete"},
-    ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
-    ("", "namespaces"): {"get", "list", "watch"},
-    ("autoscaling", "horizontalpodautoscalers"): {"list"},
-}
 
 
 def granted_permissions(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
@@ -130,22 +115,30 @@ def granted_permissions(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]
     return granted
 
 
+def role_kind(docs: Rendered) -> str:
+    """ClusterRole, or Role when the values set operator.watchNamespace."""
+    return "Role" if docs.of_kind("Role") else "ClusterRole"
+
+
 def test_cluster_role_grants_exactly_what_the_operator_uses_and_no_wildcard(rendered: Rendered) -> None:
-    role = rendered.one("ClusterRole")
+    kind = role_kind(rendered)
+    role = rendered.one(kind)
     for rule in role["rules"]:
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[field], f"wildcard in {rule}"
-    assert granted_permissions(role) == EXPECTED_PERMISSIONS
+    expected = {key: set(verbs) for key, verbs in permissions.rules(clusterwide=kind == "ClusterRole").items()}
+    assert granted_permissions(role) == expected
 
 
 def test_cluster_role_binding_binds_the_operator_service_account(rendered: Rendered) -> None:
-    binding = rendered.one("ClusterRoleBinding")
+    kind = role_kind(rendered)
+    binding = rendered.one(f"{kind}Binding")
     account = rendered.one("ServiceAccount")
     pod = rendered.one("Deployment", "-operator")["spec"]["template"]["spec"]
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "ClusterRole",
-        "name": rendered.one("ClusterRole")["metadata"]["name"],
+        "kind": kind,
+        "name": rendered.one(kind)["metadata"]["name"],
     }
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "starsd-system"}
@@ -237,3 +230,36 @@ def test_service_monitors_follow_the_watched_namespace(render: Render) -> None:
     docs = render("custom-pools.yaml", sets=("serviceMonitor.enabled=true",))
     for monitor in docs.of_kind("ServiceMonitor"):
         assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["inference"]}
+
+
+def test_with_a_watch_namespace_the_operator_gets_a_role_in_that_namespace_only(render: Render) -> None:
+    docs = render(sets=("operator.watchNamespace=ml",))
+    assert docs.of_kind("ClusterRole") == [] and docs.of_kind("ClusterRoleBinding") == []
+    role, binding = docs.one("Role"), docs.one("RoleBinding")
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "ml"
+    expected = {key: set(verbs) for key, verbs in permissions.rules(clusterwide=False).items()}
+    assert granted_permissions(role) == expected
+    assert ("apiextensions.k8s.io", "customresourcedefinitions") not in expected
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"][0]["namespace"] == "starsd-system"
+
+
+def test_every_kind_the_operator_touches_is_in_its_permissions() -> None:
+    from starsd_operator import kube
+
+    plural = {
+        "Deployment": ("apps", "deployments"),
+        "StatefulSet": ("apps", "statefulsets"),
+        "Service": ("", "services"),
+        "NetworkPolicy": ("networking.k8s.io", "networkpolicies"),
+        "Pod": ("", "pods"),
+        "HorizontalPodAutoscaler": ("autoscaling", "horizontalpodautoscalers"),
+    }
+    granted = permissions.rules(clusterwide=False)
+    assert set(kube._KINDS) == set(plural)
+    for kind in kube._KINDS:
+        assert "list" in granted[plural[kind]], kind
