@@ -56,8 +56,11 @@ def test_run_passes_options_to_kopf(monkeypatch: pytest.MonkeyPatch) -> None:
     assert seen["namespaces"] == ["ml"] and seen["clusterwide"] is False and seen["standalone"] is True
     assert seen["liveness_endpoint"] == "http://0.0.0.0:9999/healthz"
     assert seen["memo"]["config"].images.draft == "x:1" and seen["memo"]["kube"] == "api"
-    main.run(main.Options(), env={})
+    assert seen["settings"].scanning.disabled is True  # one namespace: no cluster-wide scans (a Role suffices)
+    assert seen["memo"]["config"].allow_load_url_annotation is False
+    main.run(main.Options(allow_load_url_annotation=True), env={})
     assert seen["clusterwide"] is True and seen["namespaces"] == ()
+    assert seen["settings"].scanning.disabled is False and seen["memo"]["config"].allow_load_url_annotation
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -73,6 +76,9 @@ def test_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
     assert seen[-1] == main.Options(namespace="ml", liveness_port=8081, tick_interval=2.0, load_timeout=3.0)
     command.run(parse("--liveness", "http://0.0.0.0:9000/healthz"))
     assert seen[-1].liveness_port == 9000 and seen[-1].namespace is None
+    assert seen[-1].allow_load_url_annotation is False  # the annotation is refused unless asked for
+    command.run(parse("--allow-load-url-annotation"))
+    assert seen[-1].allow_load_url_annotation is True
     with pytest.raises(SystemExit):
         parse("--liveness-port", "70000")
     with pytest.raises(SystemExit):
