@@ -89,7 +89,7 @@ class OperatorProcess:
 
     @property
     def log_path(self) -> Path:
-        return self.cluster.state_dir / "logs" / f"operator-{self.runs}.log"
+        return self.cluster.state_dir / "logs" / f"{self.name}-{self.runs}.log"
 
     def start(self) -> None:
         assert self.proc is None, "already running"
@@ -112,7 +112,7 @@ class OperatorProcess:
             stderr=subprocess.STDOUT,
             cwd=self.cluster.repo,
         )
-        self.cluster.track("operator", self.proc.pid)
+        self.cluster.track(self.name, self.proc.pid)
         wait_until("the operator's /healthz", self.healthy, timeout=60)
 
     def healthy(self) -> bool:
@@ -142,7 +142,7 @@ class OperatorProcess:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
         self.proc = None
-        self.cluster.untrack("operator")
+        self.cluster.untrack(self.name)
         if self._log:
             self._log.close()
             self._log = None

@@ -1,6 +1,7 @@
 """Starting the operator: kopf's settings, the handler registry and the run loop.
 
-The operator runs standalone (no peering objects: one replica, as the chart deploys it), keeps kopf's own
+The operator runs standalone, or with ``--peering NAME`` as one of several replicas of which kopf keeps one
+active (the highest random priority) and the others on standby (what the chart deploys); it keeps kopf's own
 bookkeeping in ``starsd.io/*`` annotations so the status holds only what the CRD declares, and posts only
 the Events it chooses (each rebalancing decision) plus kopf's warnings and errors.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -29,6 +31,8 @@ class Options:
     tick_interval: float = 5.0  # seconds between status refreshes and load readings of one cluster
     load_timeout: float = 3.0
     allow_load_url_annotation: bool = False  # honour starsd.io/load-url (tests; never in a shared cluster)
+    peering: str | None = None  # kopf peering object: one active operator, the others on standby
+    priority: int | None = None  # this operator's peering priority (None: random, so one is active)
 
 
 class QuietTicks(logging.Filter):
@@ -39,8 +43,18 @@ class QuietTicks(logging.Filter):
         return record.getMessage() != "Timer 'tick' succeeded."
 
 
-def configure_settings(settings: kopf.OperatorSettings, *, namespaced: bool = False) -> None:
-    settings.peering.standalone = True
+PEERING_LIFETIME = 10  # seconds: a standby takes over this long after the active operator stops answering
+
+
+def configure_settings(
+    settings: kopf.OperatorSettings, *, namespaced: bool = False, peering: str | None = None
+) -> None:
+    settings.peering.standalone = peering is None
+    if peering is not None:
+        settings.peering.name = peering
+        settings.peering.mandatory = True  # no peering object: refuse to run rather than run unguarded
+        settings.peering.clusterwide = not namespaced
+        settings.peering.lifetime = PEERING_LIFETIME
     # Watching one namespace, kopf needs no cluster-wide scans of CRDs and namespaces: the operator then
     # runs under a namespaced Role (permissions.py).
     settings.scanning.disabled = namespaced
@@ -63,9 +77,9 @@ def build_registry(options: Options) -> kopf.OperatorRegistry:
     return registry
 
 
-def build_settings(*, namespaced: bool = False) -> kopf.OperatorSettings:
+def build_settings(*, namespaced: bool = False, peering: str | None = None) -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
-    configure_settings(settings, namespaced=namespaced)
+    configure_settings(settings, namespaced=namespaced, peering=peering)
     return settings
 
 
@@ -92,8 +106,10 @@ def run(options: Options, env: Mapping[str, str] | None = None) -> None:
         )
     kopf.run(
         registry=build_registry(options),
-        settings=build_settings(namespaced=options.namespace is not None),
-        standalone=True,
+        settings=build_settings(namespaced=options.namespace is not None, peering=options.peering),
+        standalone=options.peering is None,
+        peering_name=options.peering,
+        priority=options.priority if options.priority is not None else random.randint(1, 2**31 - 1),
         clusterwide=options.namespace is None,
         namespaces=[options.namespace] if options.namespace else (),
         liveness_endpoint=f"http://0.0.0.0:{options.liveness_port}/healthz",

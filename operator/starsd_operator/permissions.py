@@ -17,10 +17,13 @@ class Permission:
     verbs: frozenset[str]
     why: str
     clusterwide_only: bool = False  # needed only when the operator watches every namespace
+    namespaced_only: bool = False  # needed only when it watches one namespace
 
 
-def _p(group: str, resource: str, verbs: str, why: str, clusterwide_only: bool = False) -> Permission:
-    return Permission(group, resource, frozenset(verbs.split()), why, clusterwide_only)
+def _p(
+    group: str, resource: str, verbs: str, why: str, clusterwide_only: bool = False, namespaced_only: bool = False
+) -> Permission:
+    return Permission(group, resource, frozenset(verbs.split()), why, clusterwide_only, namespaced_only)
 
 
 PERMISSIONS: tuple[Permission, ...] = (
@@ -62,9 +65,21 @@ PERMISSIONS: tuple[Permission, ...] = (
         "kopf's resource scanning (off when the operator watches one namespace: main.configure_settings)",
         clusterwide_only=True,
     ),
+    _p(
+        "kopf.dev",
+        "clusterkopfpeerings",
+        "list watch patch",
+        "kopf's peering (--peering): watch the peers, keep this operator's entry alive",
+        clusterwide_only=True,
+    ),
+    _p("kopf.dev", "kopfpeerings", "list watch patch", "kopf's peering in one namespace", namespaced_only=True),
 )
 
 
 def rules(*, clusterwide: bool) -> dict[tuple[str, str], frozenset[str]]:
     """(apiGroup, resource) -> verbs, for a ClusterRole (``clusterwide``) or a namespaced Role."""
-    return {(p.group, p.resource): p.verbs for p in PERMISSIONS if clusterwide or not p.clusterwide_only}
+    return {
+        (p.group, p.resource): p.verbs
+        for p in PERMISSIONS
+        if (clusterwide and not p.namespaced_only) or (not clusterwide and not p.clusterwide_only)
+    }

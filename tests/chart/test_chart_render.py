@@ -73,10 +73,27 @@ def test_deployment_selector_matches_its_pod_labels(rendered: Rendered) -> None:
     assert "app.kubernetes.io/version" not in selector, "the selector must not change on upgrade"
 
 
-def test_operator_is_a_single_replica_replaced_with_recreate(rendered: Rendered) -> None:
+def test_operator_runs_two_peered_replicas_with_a_disruption_budget(rendered: Rendered) -> None:
     spec = rendered.one("Deployment", "-operator")["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    name = rendered.one("Deployment", "-operator")["metadata"]["name"]
+    args = spec["template"]["spec"]["containers"][0]["args"]
+    assert f"--peering={name}" in args
+    namespaced = bool(rendered.of_kind("Role"))
+    peering = rendered.one("KopfPeering" if namespaced else "ClusterKopfPeering")
+    assert peering["metadata"]["name"] == name and peering["apiVersion"] == "kopf.dev/v1"
+    pdb = rendered.one("PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+
+
+def test_one_operator_replica_runs_standalone_replaced_with_recreate(render: Render) -> None:
+    docs = render(sets=("operator.replicas=1",))
+    spec = docs.one("Deployment", "-operator")["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    assert not [a for a in spec["template"]["spec"]["containers"][0]["args"] if a.startswith("--peering")]
+    assert docs.of_kind("PodDisruptionBudget") == [] and docs.of_kind("ClusterKopfPeering") == []
 
 
 def test_every_pod_runs_non_root_with_a_read_only_root_filesystem(rendered: Rendered) -> None:

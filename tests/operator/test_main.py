@@ -47,6 +47,28 @@ def test_settings() -> None:
     assert isinstance(settings.persistence.diffbase_storage, kopf.AnnotationsDiffBaseStorage)
 
 
+def test_peered_settings() -> None:
+    settings = main.build_settings(peering="starsd-operator")
+    assert settings.peering.standalone is False and settings.peering.mandatory is True
+    assert settings.peering.name == "starsd-operator" and settings.peering.clusterwide is True
+    assert settings.peering.lifetime == main.PEERING_LIFETIME
+    assert main.build_settings(namespaced=True, peering="p").peering.clusterwide is False
+
+
+def test_peered_replicas_get_distinct_priorities(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kopf pauses every operator of an equal priority: each replica draws its own."""
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr(main.kube, "load_config", lambda: None)
+    monkeypatch.setattr(main.kube, "ApiServer", lambda: "api")
+    monkeypatch.setattr(main.kopf, "run", lambda **kw: seen.append(kw))
+    for _ in range(3):
+        main.run(main.Options(peering="p"), env={})
+    assert all(kw["standalone"] is False and kw["peering_name"] == "p" for kw in seen)
+    assert len({kw["priority"] for kw in seen}) == 3
+    main.run(main.Options(peering="p", priority=7), env={})
+    assert seen[-1]["priority"] == 7
+
+
 def test_run_passes_options_to_kopf(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
     monkeypatch.setattr(main.kube, "load_config", lambda: None)
@@ -79,6 +101,9 @@ def test_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
     assert seen[-1].allow_load_url_annotation is False  # the annotation is refused unless asked for
     command.run(parse("--allow-load-url-annotation"))
     assert seen[-1].allow_load_url_annotation is True
+    assert seen[-1].peering is None  # standalone unless asked
+    command.run(parse("--peering", "starsd-operator", "--priority", "3"))
+    assert (seen[-1].peering, seen[-1].priority) == ("starsd-operator", 3)
     with pytest.raises(SystemExit):
         parse("--liveness-port", "70000")
     with pytest.raises(SystemExit):
