@@ -77,9 +77,17 @@ def service_account_kubeconfig(cluster: Cluster, path: Path) -> Path:
 class OperatorProcess:
     """Starts, kills and restarts `starsd operator`; each run logs to .cluster/logs/operator-N.log."""
 
-    def __init__(self, cluster: Cluster, kubeconfig: Path, env: dict[str, str], args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        kubeconfig: Path,
+        env: dict[str, str],
+        args: tuple[str, ...] = (),
+        name: str = "operator",
+    ) -> None:
         self.cluster = cluster
         self.args = args
+        self.name = name  # its pid file and log names: several may run at once (peering)
         self.kubeconfig = kubeconfig
         self.env = env
         self.port = free_port()
