@@ -73,7 +73,10 @@ def test_chart_release_is_deployed_with_its_crd(cluster: Cluster, operator: Oper
     established = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
     assert established["Established"] == "True"
     deployment = cluster.get("deployment", f"{RELEASE}-operator", RELEASE_NAMESPACE)
-    assert deployment["status"].get("readyReplicas") == 1
+    assert deployment["status"].get("readyReplicas") == 2  # peered: one active, one on standby
+    # The peering object the replicas elect the active one with, and their disruption budget.
+    assert cluster.get("clusterkopfpeerings.kopf.dev", f"{RELEASE}-operator")
+    assert cluster.get("pdb", f"{RELEASE}-operator", RELEASE_NAMESPACE)["spec"]["minAvailable"] == 1
 
 
 def test_documented_crd_upgrade_restores_the_chart_crd(cluster: Cluster, operator: OperatorProcess) -> None:

@@ -26,11 +26,14 @@ def test_the_standby_operator_takes_over_within_30_seconds(
     active.start()
     standby.start()
     try:
-        wait_until("the standby to pause", lambda: standby.log_contains("Pausing operations in favour of"), timeout=60)
+        # Both start paused; kopf resumes the highest priority only (the standby says nothing: it stays paused).
+        wait_until("the active operator to resume", lambda: active.log_contains("Resuming operations"), timeout=60)
+        wait_until("the standby to join the peering", lambda: standby.log_contains("Keep-alive in"), timeout=60)
         doc = ssd.sample("chat")
         doc["spec"]["targets"]["replicas"] = 2
         ssd.apply(cluster, namespace, doc)
         ssd.wait_ready(cluster, namespace, "chat", replicas=2)
+        assert not standby.log_contains("Resuming operations"), "the standby reconciled beside the active one"
 
         active.kill()
         doc["spec"]["targets"]["replicas"] = 3
