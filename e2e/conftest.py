@@ -95,7 +95,9 @@ def operator(cluster: Cluster) -> Iterator[OperatorProcess]:
     """
     install_chart(cluster)
     kubeconfig = service_account_kubeconfig(cluster, cluster.state_dir / "operator.kubeconfig")
-    process = OperatorProcess(cluster, kubeconfig, chart_operator_env(cluster))
+    # The scenarios point clusters at drafts on loopback with the load-url annotation, which the operator
+    # honours only with this flag (test_load_url_annotation.py runs one without it).
+    process = OperatorProcess(cluster, kubeconfig, chart_operator_env(cluster), args=("--allow-load-url-annotation",))
     process.start()
     try:
         yield process

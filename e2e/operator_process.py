@@ -77,8 +77,17 @@ def service_account_kubeconfig(cluster: Cluster, path: Path) -> Path:
 class OperatorProcess:
     """Starts, kills and restarts `starsd operator`; each run logs to .cluster/logs/operator-N.log."""
 
-    def __init__(self, cluster: Cluster, kubeconfig: Path, env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        kubeconfig: Path,
+        env: dict[str, str],
+        args: tuple[str, ...] = (),
+        name: str = "operator",
+    ) -> None:
         self.cluster = cluster
+        self.args = args
+        self.name = name  # its pid file and log names: several may run at once (peering)
         self.kubeconfig = kubeconfig
         self.env = env
         self.port = free_port()
@@ -88,7 +97,7 @@ class OperatorProcess:
 
     @property
     def log_path(self) -> Path:
-        return self.cluster.state_dir / "logs" / f"operator-{self.runs}.log"
+        return self.cluster.state_dir / "logs" / f"{self.name}-{self.runs}.log"
 
     def start(self) -> None:
         assert self.proc is None, "already running"
@@ -104,13 +113,14 @@ class OperatorProcess:
                 "operator",
                 f"--liveness=http://127.0.0.1:{self.port}/healthz",
                 "--interval=1",
+                *self.args,
             ],
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             cwd=self.cluster.repo,
         )
-        self.cluster.track("operator", self.proc.pid)
+        self.cluster.track(self.name, self.proc.pid)
         wait_until("the operator's /healthz", self.healthy, timeout=60)
 
     def healthy(self) -> bool:
@@ -140,7 +150,7 @@ class OperatorProcess:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
         self.proc = None
-        self.cluster.untrack("operator")
+        self.cluster.untrack(self.name)
         if self._log:
             self._log.close()
             self._log = None

@@ -7,27 +7,35 @@ import json
 import subprocess
 
 import pytest
+from starsd_operator import permissions
 
 from e2e.kube import Cluster
 from e2e.operator_process import RELEASE, RELEASE_NAMESPACE, OperatorProcess, chart_path, install_chart
 
 SA = f"system:serviceaccount:{RELEASE_NAMESPACE}:{RELEASE}-operator"
 
-ALLOWED = [
-    ("watch", "starsdclusters.starsd.io"),
-    ("patch", "starsdclusters.starsd.io/status"),
-    ("update", "starsdclusters.starsd.io/scale"),
-    ("create", "statefulsets.apps"),
-    ("delete", "deployments.apps"),
-    ("create", "services"),
-    ("list", "pods"),
-    ("create", "events"),
-    ("patch", "events.events.k8s.io"),
-    ("create", "networkpolicies.networking.k8s.io"),
-    ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
-    ("list", "namespaces"),
-]
+
+def _kubectl_name(group: str, resource: str) -> str:
+    """``deployments.apps``, ``pods``, ``starsdclusters.starsd.io/status``: kubectl's RESOURCE.GROUP[/SUB]."""
+    name, _, sub = resource.partition("/")
+    full = f"{name}.{group}" if group else name
+    return f"{full}/{sub}" if sub else full
+
+
+# Every request the operator makes (starsd_operator.permissions), verb by verb.
+ALLOWED = sorted(
+    (verb, _kubectl_name(group, resource))
+    for (group, resource), verbs in permissions.rules(clusterwide=True).items()  # the e2e chart is cluster-wide
+    for verb in verbs
+)
 DENIED = [
+    # Verbs the operator never uses on what it does touch.
+    ("get", "starsdclusters.starsd.io"),
+    ("update", "starsdclusters.starsd.io/scale"),
+    ("delete", "deployments.apps"),
+    ("watch", "pods"),
+    ("patch", "events"),
+    ("get", "namespaces"),
     ("create", "starsdclusters.starsd.io"),
     ("delete", "starsdclusters.starsd.io"),
     ("get", "secrets"),
@@ -69,7 +77,10 @@ def test_chart_release_is_deployed_with_its_crd(cluster: Cluster, operator: Oper
     established = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
     assert established["Established"] == "True"
     deployment = cluster.get("deployment", f"{RELEASE}-operator", RELEASE_NAMESPACE)
-    assert deployment["status"].get("readyReplicas") == 1
+    assert deployment["status"].get("readyReplicas") == 2  # peered: one active, one on standby
+    # The peering object the replicas elect the active one with, and their disruption budget.
+    assert cluster.get("clusterkopfpeerings.kopf.dev", f"{RELEASE}-operator")
+    assert cluster.get("pdb", f"{RELEASE}-operator", RELEASE_NAMESPACE)["spec"]["minAvailable"] == 1
 
 
 def test_documented_crd_upgrade_restores_the_chart_crd(cluster: Cluster, operator: OperatorProcess) -> None:

@@ -141,6 +141,8 @@ def _req(**kw) -> pb.ProposeRequest:
         (dict(sample=True, temperature=1.0, top_p=0.0), "top_p"),
         (dict(top_k=1000), "top_k"),
         (dict(rtt_seconds=float("inf")), "rtt_seconds"),
+        (dict(occupancy=float("nan")), "occupancy"),
+        (dict(occupancy=-0.5), "occupancy"),
     ],
 )
 def test_malformed_requests_are_invalid_argument(fields: dict, message: str) -> None:
@@ -172,6 +174,23 @@ def test_load_reports_utilisation_means_and_demand_over_the_window() -> None:
     clock.now += 20  # everything ages out of the window
     snap = load.snapshot(targets=2, queue_depth=0)
     assert snap.utilization == 0.0 and snap.active_sessions == 0 and snap.recommended_targets == 0
+
+
+def test_load_reports_the_targets_latest_demand_within_the_window() -> None:
+    clock = Clock()
+    load = LoadTracker(window_seconds=10, clock=clock)
+    load.record_demand("a", running=8, waiting=0, occupancy=0.5)
+    load.record_demand("b", running=16, waiting=3, occupancy=1.0)
+    load.record_demand("a", running=4, waiting=0, occupancy=0.25)  # the latest report of a target counts
+    snap = load.snapshot(targets=2, queue_depth=0)
+    assert (snap.running_requests, snap.waiting_requests, snap.target_occupancy) == (20, 3, 0.625)
+    # A connected target that reports nothing counts as idle in the mean.
+    assert load.snapshot(targets=4, queue_depth=0).target_occupancy == 0.3125
+    load.forget_target("b")  # disconnected
+    assert load.snapshot(targets=1, queue_depth=0).running_requests == 4
+    clock.now += 11  # a target that sent nothing for the whole window had nothing running
+    snap = load.snapshot(targets=1, queue_depth=0)
+    assert (snap.running_requests, snap.waiting_requests, snap.target_occupancy) == (0, 0, 0.0)
 
 
 def test_batched_service_time_is_split_over_the_batch() -> None:

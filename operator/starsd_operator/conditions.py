@@ -20,6 +20,11 @@ class Condition:
     ok: bool
     reason: str  # CamelCase, as metav1.Condition requires
     message: str = ""
+    unknown: bool = False  # status "Unknown": the operator cannot tell (``ok`` is then ignored)
+
+    @property
+    def status(self) -> str:
+        return "Unknown" if self.unknown else "True" if self.ok else "False"
 
 
 def timestamp(now: datetime) -> str:
@@ -54,7 +59,7 @@ def render(
     by any previous condition of another type (written by something else) untouched."""
     out: list[dict[str, Any]] = []
     for cond in wanted:
-        status = "True" if cond.ok else "False"
+        status = cond.status
         before = find(previous, cond.type)
         since = (
             str(before["lastTransitionTime"])

@@ -27,7 +27,8 @@ COMPONENT_DRAFT: Final = "draft"
 COMPONENT_TARGET: Final = "target"
 
 # Set on a StarSDCluster to read the draft's load from elsewhere than its Service (an operator running
-# outside the cluster, or a test driving a real draft on loopback).
+# outside the cluster, or a test driving a real draft on loopback); honoured only when the operator runs
+# with --allow-load-url-annotation.
 ANNOTATION_LOAD_URL: Final = f"{GROUP}/load-url"
 
 # Ports the data plane listens on (DESIGN.md section 3).
@@ -50,6 +51,7 @@ COND_READY: Final = "Ready"
 COND_DRAFT_READY: Final = "DraftReady"
 COND_TARGETS_READY: Final = "TargetsReady"
 COND_REBALANCING: Final = "Rebalancing"
+COND_STAR_CONNECTED: Final = "StarConnected"
 
 # The Event reason of every rebalancing decision that changes the target count.
 EVENT_REBALANCED: Final = "Rebalanced"
@@ -58,3 +60,5 @@ EVENT_REBALANCED: Final = "Rebalanced"
 EVENT_CREATED: Final = "Created"
 EVENT_SCALED: Final = "Scaled"
 EVENT_DELETED: Final = "Deleted"
+# Warning Events, each posted once while its cause lasts.
+EVENT_LOAD_URL_IGNORED: Final = "LoadURLIgnored"

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from . import children, conditions, loadclient, naming, pools, rebalancer, status
+from . import children, churn, conditions, imagepolicy, loadclient, naming, pools, rebalancer, status
 from . import constants as c
 from .kube import Kube, KubeError
 from .naming import Owner
 from .podspec import Images
-from .rebalancer import Decision, Load, Sample
-from .spec import ClusterSpec, SpecError, parse
+from .rebalancer import Change, Decision, Load, Sample
+from .spec import ClusterSpec, ScalingRules, SpecError, parse
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,9 @@ class Config:
 
     images: Images = field(default_factory=Images)
     load_timeout: float = loadclient.DEFAULT_TIMEOUT
+    # Honour the starsd.io/load-url annotation (off by default: anyone who may edit a StarSDCluster could
+    # otherwise make the operator GET any URL it can reach).
+    allow_load_url_annotation: bool = False
 
 
 @dataclass
@@ -40,7 +43,11 @@ class Memory:
     rebalancer then waits for a fresh window before it acts)."""
 
     samples: list[Sample] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)  # the rebalancer's recent changes (rate limits)
+    unready_since: float | None = None  # since when the targets have not all been ready
     reconcile_error: tuple[int, str] | None = None  # (generation, message) of the last failed reconcile
+    warned: set[str] = field(default_factory=set)  # Warning reasons already posted (each once per episode)
+    last_status_write: float | None = None  # when tick last wrote the status (churn.should_write)
 
 
 @dataclass(frozen=True)
@@ -72,8 +79,9 @@ def reconcile(kube: Kube, body: Mapping[str, Any], config: Config, memory: Memor
     generation = int(body["metadata"].get("generation") or 0)
     try:
         spec = parse(body.get("spec") or {})
-        wanted = children.desired(owner, spec, config.images)
         before = _existing(kube, owner)
+        images = cluster_images(owner, spec, body, config, before)
+        wanted = children.desired(owner, spec, images)
         for obj in wanted:
             kube.apply(obj)
         events = change_events(before, wanted)
@@ -86,6 +94,35 @@ def reconcile(kube: Kube, body: Mapping[str, Any], config: Config, memory: Memor
 
 
 CHILD_KINDS = ("Service", "NetworkPolicy", "Deployment", "StatefulSet", "PodDisruptionBudget")
+
+
+def images_record(kube: Kube, body: Mapping[str, Any], config: Config) -> dict[str, str] | None:
+    """``status.images`` after a successful reconcile (None when the spec does not parse)."""
+    try:
+        spec = parse(body.get("spec") or {})
+    except SpecError:
+        return None
+    owner = owner_of(body)
+    return imagepolicy.record(cluster_images(owner, spec, body, config, _existing(kube, owner)))
+
+
+def cluster_images(
+    owner: Owner,
+    spec: ClusterSpec,
+    body: Mapping[str, Any],
+    config: Config,
+    existing: Mapping[tuple[str, str], Mapping[str, Any]],
+) -> Images:
+    """The default images of this cluster's pods under its ``spec.imagePolicy`` (see :mod:`.imagepolicy`)."""
+    recorded = (body.get("status") or {}).get("images")
+    running: dict[str, str | None] = {}
+    if not recorded:
+        if spec.draft.image is None:
+            running["draft"] = imagepolicy.container_image(existing.get(("Deployment", naming.draft_name(owner))))
+        if spec.target.image is None:
+            sets = [existing.get(("StatefulSet", naming.pool_name(owner, p.name))) for p in spec.pools]
+            running["target"] = next((i for i in map(imagepolicy.container_image, sets) if i), None)
+    return imagepolicy.resolve(spec.image_policy, config.images, recorded, running)
 
 
 def _existing(kube: Kube, owner: Owner) -> dict[tuple[str, str], dict[str, Any]]:
@@ -143,17 +180,30 @@ def observe(kube: Kube, owner: Owner) -> status.Children:
     )
 
 
+def _direction(rules: ScalingRules) -> rebalancer.Direction:
+    return rebalancer.Direction(
+        window_seconds=float(rules.stabilization_window_seconds),
+        max_step=rules.max_step,
+        policies=tuple(rebalancer.RatePolicy(p.type, p.value, float(p.period_seconds)) for p in rules.policies),
+        select=rules.select_policy,
+    )
+
+
 def policy(spec: ClusterSpec) -> rebalancer.Policy:
     a = spec.autoscaling
     return rebalancer.Policy(
         enabled=a.enabled,
         min_targets=a.min_targets,
         max_targets=a.max_targets,
+        pool_capacity=pools.capacity(spec.pools),
         underloaded_utilization=a.underloaded_utilization,
         saturated_utilization=a.saturated_utilization,
-        stabilization_seconds=float(a.stabilization_window_seconds),
-        max_step=a.max_step,
-        pool_capacity=pools.capacity(spec.pools),
+        scale_in_occupancy=a.scale_in_occupancy,
+        saturated_occupancy=a.saturated_occupancy,
+        tolerance=a.tolerance,
+        up=_direction(a.scale_up),
+        down=_direction(a.scale_down),
+        convergence_timeout_seconds=float(a.convergence_timeout_seconds),
     )
 
 
@@ -191,10 +241,14 @@ def tick(
         reconcile_error=error[1] if error and error[0] == generation else None,
     )
     if spec is not None:
-        obs, rebalanced = _rebalance(kube, body, memory, spec, obs, now=now, fetch=fetch)
+        obs, rebalanced = _rebalance(kube, body, memory, spec, obs, now=now, fetch=fetch, config=config)
         events += rebalanced
     new = status.build(obs, previous, now)
-    return TickResult(status_patch=status.merge_patch(previous, new), events=events)
+    patch = status.merge_patch(previous, new)
+    if not patch or not churn.should_write(previous, new, memory.last_status_write, now.timestamp()):
+        return TickResult(status_patch={}, events=events)
+    memory.last_status_write = now.timestamp()
+    return TickResult(status_patch=patch, events=events)
 
 
 def _repair(
@@ -227,6 +281,27 @@ def _repair(
     return observe(kube, owner), events
 
 
+def external_autoscaler(kube: Kube, owner: Owner) -> str | None:
+    """The name of a HorizontalPodAutoscaler whose scaleTargetRef is this cluster, if there is one."""
+    for hpa in kube.list("HorizontalPodAutoscaler", owner.namespace, ""):
+        ref = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
+        group = str(ref.get("apiVersion") or "").split("/")[0]
+        if ref.get("kind") == c.KIND and ref.get("name") == owner.name and group == c.GROUP:
+            return str((hpa.get("metadata") or {}).get("name"))
+    return None
+
+
+def _warn_once(memory: Memory, reason: str, message: str, active: bool) -> list[Event]:
+    """A Warning Event the first time ``active`` holds, none while it keeps holding, re-armed once it clears."""
+    if not active:
+        memory.warned.discard(reason)
+        return []
+    if reason in memory.warned:
+        return []
+    memory.warned.add(reason)
+    return [Event("Warning", reason, message)]
+
+
 def _rebalance(
     kube: Kube,
     body: Mapping[str, Any],
@@ -236,39 +311,65 @@ def _rebalance(
     *,
     now: datetime,
     fetch: Fetch,
+    config: Config,
 ) -> tuple[status.Observation, list[Event]]:
     """Read the load, record a sample, decide, and move the count if the decision says so."""
     owner = obs.owner
     annotations = body["metadata"].get("annotations") or {}
-    url = loadclient.load_url(owner, annotations)
+    events: list[Event] = []
+    overridden = config.allow_load_url_annotation and c.ANNOTATION_LOAD_URL in annotations
+    events += _warn_once(
+        memory,
+        c.EVENT_LOAD_URL_IGNORED,
+        f"annotation {c.ANNOTATION_LOAD_URL} ignored: the operator reads only the cluster's own draft Service"
+        " unless started with --allow-load-url-annotation",
+        c.ANNOTATION_LOAD_URL in annotations and not config.allow_load_url_annotation,
+    )
+    url = loadclient.load_url(owner, annotations if overridden else None)
+    hpa = external_autoscaler(kube, owner) if spec.autoscaling.enabled else None
+    events += _warn_once(
+        memory,
+        rebalancer.EXTERNAL_AUTOSCALER,
+        f"HorizontalPodAutoscaler {hpa} scales this cluster; the rebalancer steps aside while it exists",
+        hpa is not None,
+    )
     deployment = obs.children.named("Deployment", naming.draft_name(owner))
     draft_up = int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0) >= 1
-    if c.ANNOTATION_LOAD_URL not in annotations and not draft_up:
-        return replace(obs, load_error="the draft is not ready"), []
+    if not overridden and not draft_up:
+        return replace(obs, load_error="the draft is not ready", external_autoscaler=hpa), events
     try:
         load = fetch(url)
     except loadclient.LoadUnavailable as exc:
-        return replace(obs, load_error=str(exc)), []
+        return replace(obs, load_error=str(exc), external_autoscaler=hpa), events
+    obs = replace(obs, load=load, external_autoscaler=hpa)
+    if hpa is not None:
+        memory.samples.clear()
+        return obs, events
     counts = status.target_counts(owner, spec, obs.children)
     at = now.timestamp()
-    memory.samples.append(Sample(at=at, replicas=spec.replicas, ready=counts.ready, load=load))
     pol = policy(spec)
-    memory.samples = rebalancer.prune(memory.samples, at, pol.stabilization_seconds)
-    last_rebalance = (body.get("status") or {}).get("lastRebalance") or {}
-    last = conditions.parse_timestamp(last_rebalance.get("time"))
+    achievable = min(max(spec.replicas, pol.pool_capacity[0]), pol.pool_capacity[1])
+    if counts.ready >= achievable:
+        memory.unready_since = None
+    elif memory.unready_since is None:
+        memory.unready_since = at
+    memory.samples.append(Sample(at=at, replicas=spec.replicas, ready=counts.ready, load=load))
+    memory.samples = rebalancer.prune(memory.samples, at, pol.history_seconds)
+    memory.changes = rebalancer.prune_changes(_seed_changes(memory, body), at, pol.history_seconds)
     decision = rebalancer.decide(
         pol,
         replicas=spec.replicas,
         ready=counts.ready,
         samples=memory.samples,
         now=at,
-        last_change=last.timestamp() if last else None,
-        climbing=last_rebalance.get("reason") == rebalancer.UNDER_LOADED and last_rebalance.get("to") == spec.replicas,
+        changes=memory.changes,
+        unready_since=memory.unready_since,
     )
-    events: list[Event] = []
     if decision.changed:
         if kube.swap_replicas(owner.namespace, owner.name, decision.previous, decision.replicas):
             events.append(Event("Normal", c.EVENT_REBALANCED, decision.message))
+            memory.changes.append(Change(at, decision.previous, decision.replicas))
+            memory.unready_since = None
         else:
             decision = Decision(
                 decision.previous,
@@ -276,4 +377,15 @@ def _rebalance(
                 "Conflict",
                 "spec.targets.replicas changed while deciding; deciding again on fresh samples",
             )
-    return replace(obs, load=load, decision=decision), events
+    return replace(obs, decision=decision), events
+
+
+def _seed_changes(memory: Memory, body: Mapping[str, Any]) -> list[Change]:
+    """The remembered changes, or after a restart the one in ``status.lastRebalance``."""
+    if memory.changes:
+        return memory.changes
+    last = (body.get("status") or {}).get("lastRebalance") or {}
+    when = conditions.parse_timestamp(last.get("time"))
+    if when is None or not isinstance(last.get("from"), int) or not isinstance(last.get("to"), int):
+        return []
+    return [Change(when.timestamp(), last["from"], last["to"])]

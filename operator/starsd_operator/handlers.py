@@ -67,6 +67,9 @@ def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: Any, 
         raise kopf.TemporaryError(str(exc), delay=RETRY_DELAY) from exc
     post(body, events, logger)
     patch.status["observedGeneration"] = body.metadata.get("generation")
+    images = controller.images_record(kube, body, config)
+    if images is not None and images != (body.get("status") or {}).get("images"):
+        patch.status["images"] = images
 
 
 def tick(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: Any, **_: Any) -> None:

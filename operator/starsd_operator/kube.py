@@ -70,6 +70,8 @@ _KINDS = {
     "NetworkPolicy": _Kind("NetworkingV1Api", "network_policy"),
     "Pod": _Kind("CoreV1Api", "pod"),
     "PodDisruptionBudget": _Kind("PolicyV1Api", "pod_disruption_budget"),
+    # Read only: an HPA on a cluster's scale subresource makes the rebalancer step aside.
+    "HorizontalPodAutoscaler": _Kind("AutoscalingV2Api", "horizontal_pod_autoscaler"),
 }
 
 

@@ -25,8 +25,19 @@ class LoadUnavailable(RuntimeError):
     """The load could not be read or did not make sense; the message says which and why."""
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Refuses every redirect: a load URL is read where it points, never where its server sends us."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
+        raise urllib.error.HTTPError(req.full_url, code, f"redirect to {newurl} refused", headers, fp)
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
 def load_url(owner: Owner, annotations: Mapping[str, Any] | None) -> str:
-    """The ``starsd.io/load-url`` annotation when set, else the draft Service's in-cluster address."""
+    """The ``starsd.io/load-url`` annotation when set in ``annotations``, else the draft Service's in-cluster
+    address (the caller passes ``None`` unless the operator allows the annotation)."""
     url = (annotations or {}).get(c.ANNOTATION_LOAD_URL)
     return str(url).strip() if isinstance(url, str) and url.strip() else naming.default_load_url(owner)
 
@@ -37,7 +48,7 @@ def fetch(url: str, timeout: float = DEFAULT_TIMEOUT) -> Load:
         raise LoadUnavailable(f"{url}: only http(s) load URLs are read")
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with _OPENER.open(request, timeout=timeout) as response:
             body = response.read(MAX_BODY + 1)
     except urllib.error.HTTPError as exc:
         raise LoadUnavailable(f"{url}: HTTP {exc.code} {exc.reason}") from exc

@@ -1,6 +1,7 @@
 """Starting the operator: kopf's settings, the handler registry and the run loop.
 
-The operator runs standalone (no peering objects: one replica, as the chart deploys it), keeps kopf's own
+The operator runs standalone, or with ``--peering NAME`` as one of several replicas of which kopf keeps one
+active (the highest random priority) and the others on standby (what the chart deploys); it keeps kopf's own
 bookkeeping in ``starsd.io/*`` annotations so the status holds only what the CRD declares, and posts only
 the Events it chooses (each rebalancing decision) plus kopf's warnings and errors.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -28,6 +30,9 @@ class Options:
     liveness_port: int = 8080
     tick_interval: float = 5.0  # seconds between status refreshes and load readings of one cluster
     load_timeout: float = 3.0
+    allow_load_url_annotation: bool = False  # honour starsd.io/load-url (tests; never in a shared cluster)
+    peering: str | None = None  # kopf peering object: one active operator, the others on standby
+    priority: int | None = None  # this operator's peering priority (None: random, so one is active)
 
 
 class QuietTicks(logging.Filter):
@@ -38,8 +43,21 @@ class QuietTicks(logging.Filter):
         return record.getMessage() != "Timer 'tick' succeeded."
 
 
-def configure_settings(settings: kopf.OperatorSettings) -> None:
-    settings.peering.standalone = True
+PEERING_LIFETIME = 10  # seconds: a standby takes over this long after the active operator stops answering
+
+
+def configure_settings(
+    settings: kopf.OperatorSettings, *, namespaced: bool = False, peering: str | None = None
+) -> None:
+    settings.peering.standalone = peering is None
+    if peering is not None:
+        settings.peering.name = peering
+        settings.peering.mandatory = True  # no peering object: refuse to run rather than run unguarded
+        settings.peering.clusterwide = not namespaced
+        settings.peering.lifetime = PEERING_LIFETIME
+    # Watching one namespace, kopf needs no cluster-wide scans of CRDs and namespaces: the operator then
+    # runs under a namespaced Role (permissions.py).
+    settings.scanning.disabled = namespaced
     settings.persistence.finalizer = c.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.KOPF_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -59,9 +77,9 @@ def build_registry(options: Options) -> kopf.OperatorRegistry:
     return registry
 
 
-def build_settings() -> kopf.OperatorSettings:
+def build_settings(*, namespaced: bool = False, peering: str | None = None) -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
-    configure_settings(settings)
+    configure_settings(settings, namespaced=namespaced, peering=peering)
     return settings
 
 
@@ -70,17 +88,28 @@ def run(options: Options, env: Mapping[str, str] | None = None) -> None:
     env = os.environ if env is None else env
     kube.load_config()
     logging.getLogger("kopf.objects").addFilter(QuietTicks())
-    config = Config(images=Images.from_env(env), load_timeout=options.load_timeout)
+    config = Config(
+        images=Images.from_env(env),
+        load_timeout=options.load_timeout,
+        allow_load_url_annotation=options.allow_load_url_annotation,
+    )
     log.info(
         "starsd operator: %s, draft image %s, target image %s",
         f"namespace {options.namespace}" if options.namespace else "all namespaces",
         config.images.draft,
         config.images.target,
     )
+    if config.allow_load_url_annotation:
+        log.warning(
+            "the %s annotation is honoured: whoever may edit a StarSDCluster chooses a URL it reads",
+            c.ANNOTATION_LOAD_URL,
+        )
     kopf.run(
         registry=build_registry(options),
-        settings=build_settings(),
-        standalone=True,
+        settings=build_settings(namespaced=options.namespace is not None, peering=options.peering),
+        standalone=options.peering is None,
+        peering_name=options.peering,
+        priority=options.priority if options.priority is not None else random.randint(1, 2**31 - 1),
         clusterwide=options.namespace is None,
         namespaces=[options.namespace] if options.namespace else (),
         liveness_endpoint=f"http://0.0.0.0:{options.liveness_port}/healthz",

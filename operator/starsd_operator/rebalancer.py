@@ -1,39 +1,55 @@
-"""The rebalancer's decision: how many targets the draft should feed, from its recent load (DESIGN.md §5).
+"""The rebalancer's control law: how many targets the draft should feed (docs/rebalancer.md).
 
-A pure function of a policy, the current target counts and a trace of load samples, so it is tested over
-scripted traces with no cluster and no clock.
+A pure function of a policy, the current target counts, a trace of load samples and the recent changes, so
+it is tested over generated traces with no cluster and no clock.
 
-The rules, each there to keep the count from flapping:
+**Two signals.** Every ``/v1/load`` reading carries the draft's own load (utilisation, queue, regime, N*) and
+the targets' demand, which the targets report to the draft on their streams: requests running and waiting,
+and their batch occupancy (running / max-num-seqs, averaged over the connected targets). Each reading makes
+one *recommendation*, a target count, from the current count ``n``:
 
-* **Thresholds apart.** A climb starts only while the draft's utilisation is below
-  ``underloadedUtilization`` *and* sessions wait for targets (``active_sessions`` above the current count); a
-  descent only while utilisation is at or above ``saturatedUtilization`` *and* requests queue at the draft.
-  Between the two, hold. A climb, once started, goes on through the band between the thresholds until N* or
-  until requests start to queue: the draft's utilisation only reaches 1 at N* itself, so a threshold below 1
-  alone would stop every climb short of it.
-* **Up toward N\\*, down toward N\\*.** Up to ``min(N*, active_sessions)`` (a target without a session adds
-  nothing); down to ``N*``. ``N*`` is the draft's ``recommended_targets``, cross-checked against the system
-  model (:func:`starsd.model.optimal_targets`) from the reported times when the draft gives none.
-* **Converged first.** No decision while the targets are not all ready at the current count, nor on samples
-  that were measured before the count settled (a sample counts once its whole measuring window lies after
-  the moment the targets became ready, and after the last rebalance).
-* **Stabilisation window.** The fresh samples must span ``stabilizationWindowSeconds``; up takes the
-  *smallest* proposal in it and down the *largest*, so a load that swings between both sides holds still.
-* **Capped step.** At most ``maxStep`` targets per decision, and never outside ``minTargets..maxTargets``
-  nor outside what the pools can hold.
-* **No metrics, no action.** An empty window (no timings, no N\\*) holds.
+1. **Targets idle** (occupancy below ``scaleInOccupancy``, nothing waiting at the targets or the draft):
+   ``minTargets``, whatever the draft's load: a target with nothing to do wastes a GPU.
+2. **Draft saturated** (utilisation at or above ``saturatedUtilization`` and requests queueing at the draft):
+   ``min(n, N*)``: more targets than N* only queue behind the draft.
+3. **Draft under-loaded and targets saturated** (the draft's utilisation below ``underloadedUtilization``
+   or its regime ``UnderLoaded`` with no queue; requests waiting at the targets or occupancy at or above
+   ``saturatedOccupancy``): ``max(n, N*)``.
+4. Otherwise ``n``: hold.
+
+A recommendation within the **tolerance** band (``|r - n| <= tolerance * n``) counts as ``n``. N* is the
+draft's ``recommended_targets``, or the system model's (:func:`starsd.model.optimal_targets`) on the
+reported times when the draft gives none; a rule that needs N* holds without it.
+
+**Stabilisation, as the HPA's.** Up and down have their own windows (``scaleUp`` / ``scaleDown``
+``stabilizationWindowSeconds``). The count goes up only to the *smallest* recommendation in the up window,
+and down only to the *largest* in the down window, and only once the readings span the whole window; so a
+signal that swings faster than the window never moves the count, and a steady one moves it once its window
+is full.
+
+**Rate limits.** One decision moves at most the direction's ``maxStep``; its ``policies`` (``Pods`` or
+``Percent`` per ``periodSeconds``, combined by ``selectPolicy`` ``Max``, ``Min`` or ``Disabled``) cap the
+change over each period, counted from the changes made in it. The result always lies within
+``minTargets..maxTargets`` and what the pools can hold.
+
+**Convergence.** No decision while the targets are not all ready, until ``convergenceTimeoutSeconds`` have
+passed: then it decides on the *ready* count (a target that never becomes ready, e.g. unschedulable,
+must not freeze the cluster), and says so in the decision.
+
+**No metrics, no action.** A reading with no window or no connected target recommends nothing.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # Reasons a decision changes the count (status.lastRebalance.reason).
 UNDER_LOADED = "UnderLoaded"
 SATURATED = "Saturated"
+TARGETS_IDLE = "TargetsIdle"
 # Reasons a decision holds.
 DISABLED = "Disabled"
 NOT_CONVERGED = "NotConverged"
@@ -41,11 +57,22 @@ NO_METRICS = "NoMetrics"
 STABILIZING = "Stabilizing"
 BALANCED = "Balanced"
 AT_BOUND = "AtBound"
+RATE_LIMITED = "RateLimited"
+# The Rebalancing condition's reason (and the Warning Event's) while an HPA scales the cluster.
+EXTERNAL_AUTOSCALER = "ExternalAutoscaler"
+# The Rebalancing condition's reason while deciding on the ready count after the convergence timeout.
+CONVERGENCE_TIMEOUT = "ConvergenceTimeout"
+
+POLICY_PODS = "Pods"
+POLICY_PERCENT = "Percent"
+SELECT_MAX = "Max"
+SELECT_MIN = "Min"
+SELECT_DISABLED = "Disabled"
 
 
 @dataclass(frozen=True)
 class Load:
-    """One reading of the draft's ``/v1/load`` (DESIGN.md section 3)."""
+    """One reading of the draft's ``/v1/load`` (the contract is in docs/rebalancer.md)."""
 
     utilization: float
     window_seconds: float
@@ -57,6 +84,9 @@ class Load:
     regime: str
     active_sessions: int
     recommended_targets: int
+    running_requests: int = 0
+    waiting_requests: int = 0
+    target_occupancy: float = 0.0
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Load:
@@ -84,6 +114,9 @@ class Load:
             regime=regime,
             active_sessions=int(number("active_sessions", 0.0)),
             recommended_targets=int(number("recommended_targets", 0.0)),
+            running_requests=int(number("running_requests", 0.0)),
+            waiting_requests=int(number("waiting_requests", 0.0)),
+            target_occupancy=min(1.0, number("target_occupancy", 0.0)),
         )
 
     def optimal_targets(self) -> int | None:
@@ -98,8 +131,8 @@ class Load:
 
     @property
     def empty(self) -> bool:
-        """Nothing measured in the window: no draft time, or no N* to steer toward."""
-        return self.window_seconds <= 0 or self.tq_seconds <= 0 or self.optimal_targets() is None
+        """Nothing to go on: no measuring window, or no target connected to report its demand."""
+        return self.window_seconds <= 0 or self.targets < 1
 
 
 @dataclass(frozen=True)
@@ -113,15 +146,47 @@ class Sample:
 
 
 @dataclass(frozen=True)
+class Change:
+    """A change of the count made at ``at`` (seconds) from ``previous`` to ``replicas``."""
+
+    at: float
+    previous: int
+    replicas: int
+
+
+@dataclass(frozen=True)
+class RatePolicy:
+    """At most ``value`` pods (``Pods``) or percent of the count (``Percent``) per ``period_seconds``."""
+
+    kind: str
+    value: int
+    period_seconds: float
+
+
+@dataclass(frozen=True)
+class Direction:
+    """How the count may move one way: the HPA's ``behavior.scaleUp`` / ``scaleDown``."""
+
+    window_seconds: float
+    max_step: int
+    policies: tuple[RatePolicy, ...] = ()
+    select: str = SELECT_MAX
+
+
+@dataclass(frozen=True)
 class Policy:
     enabled: bool
     min_targets: int
     max_targets: int
-    underloaded_utilization: float
-    saturated_utilization: float
-    stabilization_seconds: float
-    max_step: int
     pool_capacity: tuple[int, int]  # (sum of pool minimums, sum of pool maximums)
+    underloaded_utilization: float = 0.7
+    saturated_utilization: float = 0.9
+    scale_in_occupancy: float = 0.1
+    saturated_occupancy: float = 0.8
+    tolerance: float = 0.1
+    up: Direction = field(default_factory=lambda: Direction(window_seconds=30.0, max_step=4))
+    down: Direction = field(default_factory=lambda: Direction(window_seconds=300.0, max_step=2))
+    convergence_timeout_seconds: float = 600.0
 
     @property
     def bounds(self) -> tuple[int, int]:
@@ -130,6 +195,12 @@ class Policy:
         hi = min(self.max_targets, self.pool_capacity[1])
         return lo, max(lo, hi)
 
+    @property
+    def history_seconds(self) -> float:
+        """How far back :func:`decide` looks: the longer window, or the longest rate-limit period."""
+        periods = [p.period_seconds for d in (self.up, self.down) for p in d.policies]
+        return max([self.up.window_seconds, self.down.window_seconds, *periods])
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -137,29 +208,62 @@ class Decision:
     previous: int
     reason: str
     message: str
+    timed_out: bool = False  # decided on the ready count after the convergence timeout
 
     @property
     def changed(self) -> bool:
         return self.replicas != self.previous
 
 
-def prune(samples: Sequence[Sample], now: float, window: float) -> list[Sample]:
-    """Drop what no later decision needs, keeping what :func:`decide` reads: the samples inside the window,
-    the newest one before it (it shows the window is covered) and the first of the trailing run at the
-    current count (it shows since when the count has been settled)."""
-    if not samples:
-        return []
-    start = now - window
-    last = samples[-1]
-    run_start = len(samples) - 1
-    while run_start > 0 and (samples[run_start - 1].replicas, samples[run_start - 1].ready) == (
-        last.replicas,
-        last.ready,
-    ):
-        run_start -= 1
-    before = [i for i, s in enumerate(samples) if s.at < start]
-    keep = {run_start, *([before[-1]] if before else []), *(i for i, s in enumerate(samples) if s.at >= start)}
-    return [samples[i] for i in sorted(keep) if i >= run_start]
+@dataclass(frozen=True)
+class Recommendation:
+    replicas: int
+    reason: str  # UNDER_LOADED, SATURATED, TARGETS_IDLE or BALANCED
+    why: str
+
+
+def recommend(policy: Policy, n: int, load: Load) -> Recommendation:
+    """The count one reading argues for, from the current count ``n`` (rules 1-4 of the module's doc)."""
+    n_star = load.optimal_targets()
+    occupancy = f"target occupancy {load.target_occupancy:.2f}"
+    if load.target_occupancy < policy.scale_in_occupancy and load.waiting_requests == 0 and load.queue_depth <= 0:
+        # As few as the bounds allow: decide() clamps to minTargets.
+        return _tolerant(policy, n, 0, TARGETS_IDLE, f"targets idle ({occupancy} < {policy.scale_in_occupancy:g})")
+    draft = f"draft utilization {load.utilization:.2f}, queue {load.queue_depth:g}, N* = {n_star}"
+    if load.utilization >= policy.saturated_utilization and load.queue_depth > 0:
+        if n_star is None:
+            return Recommendation(n, BALANCED, f"draft saturated but N* unknown ({draft})")
+        return _tolerant(policy, n, min(n, n_star), SATURATED, f"draft saturated ({draft})")
+    saturated = load.waiting_requests > 0 or load.target_occupancy >= policy.saturated_occupancy
+    under = load.utilization < policy.underloaded_utilization or (
+        load.regime == "UnderLoaded" and load.queue_depth <= 0
+    )
+    if saturated and under:
+        demand = f"{occupancy}, {load.waiting_requests} waiting"
+        if n_star is None:
+            return Recommendation(n, BALANCED, f"targets saturated ({demand}) but N* unknown")
+        why = f"draft under-loaded ({draft}), targets saturated ({demand})"
+        return _tolerant(policy, n, max(n, n_star), UNDER_LOADED, why)
+    return Recommendation(n, BALANCED, f"{draft}, {occupancy}, {load.waiting_requests} waiting")
+
+
+def _tolerant(policy: Policy, n: int, want: int, reason: str, why: str) -> Recommendation:
+    if abs(want - n) <= policy.tolerance * n:
+        return Recommendation(n, BALANCED, f"{why}, within the {policy.tolerance:g} tolerance of {n}")
+    return Recommendation(want, reason, why)
+
+
+def prune(samples: Sequence[Sample], now: float, keep_seconds: float) -> list[Sample]:
+    """The samples :func:`decide` may read: those of the last ``keep_seconds`` and the newest one before them
+    (it shows the window is covered)."""
+    start = now - keep_seconds
+    older = [i for i, s in enumerate(samples) if s.at < start]
+    first = older[-1] if older else 0
+    return list(samples[first:])
+
+
+def prune_changes(changes: Sequence[Change], now: float, keep_seconds: float) -> list[Change]:
+    return [ch for ch in changes if ch.at >= now - keep_seconds]
 
 
 def decide(
@@ -169,87 +273,96 @@ def decide(
     ready: int,
     samples: Sequence[Sample],
     now: float,
-    last_change: float | None = None,
-    climbing: bool = False,
+    changes: Sequence[Change] = (),
+    unready_since: float | None = None,
 ) -> Decision:
     """What to do now. ``replicas`` is ``spec.targets.replicas``, ``ready`` the ready targets, ``samples`` the
-    trace so far (oldest first), ``last_change`` when the last rebalance was made (seconds, same clock), and
-    ``climbing`` whether that rebalance raised the count to the current one (an unfinished climb)."""
+    trace so far (oldest first), ``changes`` the recent changes of the count (for the rate limits) and
+    ``unready_since`` since when the targets have not all been ready (seconds, same clock; ``None``: now)."""
 
-    def hold(reason: str, message: str) -> Decision:
-        return Decision(replicas, replicas, reason, message)
+    def hold(reason: str, message: str, timed_out: bool = False) -> Decision:
+        return Decision(replicas, replicas, reason, message, timed_out)
 
     if not policy.enabled:
         return hold(DISABLED, "autoscaling is disabled")
     lo, hi = policy.bounds
     achievable = min(max(replicas, policy.pool_capacity[0]), policy.pool_capacity[1])
-    if ready != achievable:
-        return hold(NOT_CONVERGED, f"waiting for targets to settle: {ready} of {achievable} ready")
-    if not samples or samples[-1].load.empty:
-        return hold(NO_METRICS, "the draft reports no measurements yet")
+    base, timed_out, prefix = replicas, False, ""
+    if ready < achievable:
+        waited = now - (now if unready_since is None else unready_since)
+        if waited < policy.convergence_timeout_seconds:
+            return hold(
+                NOT_CONVERGED,
+                f"waiting for targets to settle: {ready} of {achievable} ready"
+                f" ({waited:.0f}s of a {policy.convergence_timeout_seconds:.0f}s convergence timeout)",
+            )
+        base, timed_out = ready, True
+        prefix = f"{ready} of {achievable} targets ready after {waited:.0f}s, deciding on the ready count: "
+    usable = [s for s in samples if not s.load.empty]
+    if not samples or samples[-1].load.empty or not usable:
+        return hold(NO_METRICS, prefix + "the draft reports no load with a connected target yet", timed_out)
 
-    fresh = _fresh(samples, replicas, achievable, last_change)
-    window = policy.stabilization_seconds
-    if not fresh or fresh[0].at > now - window:
-        covered = now - fresh[0].at if fresh else 0.0
-        return hold(
-            STABILIZING,
-            f"collecting load at {replicas} targets: {covered:.0f}s of a {window:.0f}s window",
-        )
-    in_window = [s for s in fresh if s.at >= now - window] or [fresh[-1]]
-    proposals = [_proposal(policy, replicas, s.load, climbing) for s in in_window]
-    up, down = min(proposals), max(proposals)
-    latest = in_window[-1].load
-    if up > replicas:
-        want, reason = up, UNDER_LOADED
-        level = (
-            f"utilization {latest.utilization:.2f} < {policy.underloaded_utilization:.2f}"
-            if latest.utilization < policy.underloaded_utilization
-            else f"utilization {latest.utilization:.2f} and no queue, continuing the climb"
-        )
-        why = (
-            f"draft under-loaded ({level}) with {latest.active_sessions} active sessions;"
-            f" N* = {latest.optimal_targets()}"
-        )
-    elif down < replicas:
-        want, reason = down, SATURATED
-        why = (
-            f"draft saturated (utilization {latest.utilization:.2f} >= {policy.saturated_utilization:.2f},"
-            f" queue depth {latest.queue_depth:g}); N* = {latest.optimal_targets()}"
-        )
+    recs = [(s.at, recommend(policy, base, s.load)) for s in usable]
+    latest = recs[-1][1]
+    up = _window(recs, now, policy.up.window_seconds)
+    down = _window(recs, now, policy.down.window_seconds)
+    if up is not None and min(r.replicas for r in up) > base:
+        direction, chosen = policy.up, min(up, key=lambda r: r.replicas)
+    elif down is not None and max(r.replicas for r in down) < base:
+        direction, chosen = policy.down, max(down, key=lambda r: r.replicas)
+    elif latest.replicas != base:
+        window = policy.up if latest.replicas > base else policy.down
+        covered = now - usable[0].at
+        if covered < window.window_seconds:
+            return hold(
+                STABILIZING,
+                prefix + f"{latest.why}: collecting {covered:.0f}s of a {window.window_seconds:.0f}s window",
+                timed_out,
+            )
+        return hold(STABILIZING, prefix + f"{latest.why}, but not for the whole window", timed_out)
     else:
-        return hold(BALANCED, f"draft utilization {latest.utilization:.2f}, N* = {latest.optimal_targets()}")
-    target = min(max(want, lo), hi)
-    target = min(max(target, replicas - policy.max_step), replicas + policy.max_step)
+        return hold(BALANCED, prefix + latest.why, timed_out)
+
+    if direction.select == SELECT_DISABLED:
+        kind = "scaleUp" if chosen.replicas > base else "scaleDown"
+        return hold(RATE_LIMITED, prefix + f"{chosen.why}, but {kind}.selectPolicy is Disabled", timed_out)
+    target = min(max(chosen.replicas, lo), hi)
+    target = min(max(target, base - direction.max_step), base + direction.max_step)
+    target = _rate_limited(direction, base, target, changes, now)
     if target == replicas:
-        return hold(AT_BOUND, f"{why}, but {replicas} is at the bound {lo}..{hi}")
-    return Decision(target, replicas, reason, f"{replicas} -> {target} targets: {why}")
+        if timed_out:
+            return hold(BALANCED, prefix + f"{chosen.why}; spec.targets.replicas already asks for {replicas}", True)
+        if target in (lo, hi):
+            return hold(AT_BOUND, prefix + f"{chosen.why}, but {replicas} is at the bound {lo}..{hi}", timed_out)
+        return hold(RATE_LIMITED, prefix + f"{chosen.why}, but the rate limit holds it at {replicas}", timed_out)
+    message = prefix + f"{replicas} -> {target} targets: {chosen.why}"
+    return Decision(target, replicas, chosen.reason, message, timed_out)
 
 
-def _proposal(policy: Policy, replicas: int, load: Load, climbing: bool) -> int:
-    """The count one sample alone argues for (``replicas`` when it argues for nothing)."""
-    n_star = load.optimal_targets()
-    if n_star is None:
-        return replicas
-    idle = load.utilization < policy.underloaded_utilization or (
-        climbing and load.utilization < 1.0 and load.queue_depth <= 0
-    )
-    if idle and load.active_sessions > replicas:
-        return max(replicas, min(n_star, load.active_sessions))
-    if load.utilization >= policy.saturated_utilization and load.queue_depth > 0:
-        return min(replicas, n_star)
-    return replicas
+def _window(recs: Sequence[tuple[float, Recommendation]], now: float, seconds: float) -> list[Recommendation] | None:
+    """The recommendations inside the window, or ``None`` while the readings do not span it yet."""
+    if recs[0][0] > now - seconds:
+        return None
+    inside = [r for at, r in recs if at >= now - seconds]
+    return inside or [recs[-1][1]]
 
 
-def _fresh(samples: Sequence[Sample], replicas: int, achievable: int, last_change: float | None) -> list[Sample]:
-    """The trailing samples taken at the current, settled count whose windows start after it settled."""
-    run: list[Sample] = []
-    for s in reversed(samples):
-        if s.replicas != replicas or s.ready != achievable:
-            break
-        run.append(s)
-    run.reverse()
-    if not run:
-        return []
-    settled = run[0].at if last_change is None else max(run[0].at, last_change)
-    return [s for s in run if not s.load.empty and s.at - s.load.window_seconds >= settled]
+def _rate_limited(direction: Direction, base: int, target: int, changes: Sequence[Change], now: float) -> int:
+    """``target`` capped by the direction's policies, each counted over its period (HPA semantics)."""
+    if not direction.policies or target == base:
+        return target
+    up = target > base
+    limits = []
+    for p in direction.policies:
+        moved = sum(
+            (ch.replicas - ch.previous) for ch in changes if ch.at > now - p.period_seconds
+        )  # net change within the period
+        start = base - moved
+        if p.kind == POLICY_PERCENT:
+            step = math.ceil(start * p.value / 100) if up else math.floor(start * p.value / 100)
+        else:
+            step = p.value
+        limits.append(start + step if up else start - step)
+    pick = max if (direction.select == SELECT_MAX) == up else min
+    limit = pick(limits)
+    return min(target, max(base, limit)) if up else max(target, min(base, limit))

@@ -28,8 +28,17 @@ DEFAULT_MIN_TARGETS = 1
 DEFAULT_MAX_TARGETS = 16
 DEFAULT_UNDERLOADED_UTILIZATION = 0.7
 DEFAULT_SATURATED_UTILIZATION = 0.9
-DEFAULT_STABILIZATION_WINDOW_SECONDS = 60
-DEFAULT_MAX_STEP = 4
+DEFAULT_SCALE_IN_OCCUPANCY = 0.1
+DEFAULT_SATURATED_OCCUPANCY = 0.8
+DEFAULT_TOLERANCE = 0.1
+DEFAULT_SCALE_UP_WINDOW_SECONDS = 30
+DEFAULT_SCALE_UP_MAX_STEP = 4
+DEFAULT_SCALE_DOWN_WINDOW_SECONDS = 300
+DEFAULT_SCALE_DOWN_MAX_STEP = 2
+DEFAULT_CONVERGENCE_TIMEOUT_SECONDS = 600
+RATE_POLICY_TYPES = ("Pods", "Percent")
+IMAGE_POLICIES = ("Pinned", "FollowOperator")  # the first is the default
+SELECT_POLICIES = ("Max", "Min", "Disabled")
 
 
 class SpecError(ValueError):
@@ -70,6 +79,7 @@ class TargetSpec:
     model: ModelSource
     image: str | None = None
     gamma: int = DEFAULT_GAMMA  # draft tokens proposed per round
+    adaptive_gamma: bool = False  # each completion picks its gamma per round, at most ``gamma``
     dtype: str = "auto"
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS  # completions per target at once, batched per step
     kv_cache_tokens: int | None = None  # None: the target sizes its cache (a GPU's memory, or full contexts)
@@ -92,16 +102,45 @@ class PoolSpec:
 
 
 @dataclass(frozen=True)
+class RatePolicySpec:
+    """``{type: Pods|Percent, value, periodSeconds}``, as in an HPA's behavior."""
+
+    type: str
+    value: int
+    period_seconds: int
+
+
+@dataclass(frozen=True)
+class ScalingRules:
+    """``autoscaling.scaleUp`` / ``scaleDown``."""
+
+    stabilization_window_seconds: int
+    max_step: int  # most targets added or removed by one decision
+    policies: tuple[RatePolicySpec, ...] = ()
+    select_policy: str = "Max"
+
+
+@dataclass(frozen=True)
 class AutoscalingSpec:
     enabled: bool = False
     min_targets: int = DEFAULT_MIN_TARGETS
     max_targets: int = DEFAULT_MAX_TARGETS
-    # Scale up only while the draft's utilisation is below this (it idles: more targets would feed it).
+    # The draft is under-loaded below this utilisation (it idles: more targets would feed it).
     underloaded_utilization: float = DEFAULT_UNDERLOADED_UTILIZATION
-    # Scale down only while the draft's utilisation is at or above this and targets queue behind it.
+    # The draft is saturated at or above this utilisation while requests queue at it.
     saturated_utilization: float = DEFAULT_SATURATED_UTILIZATION
-    stabilization_window_seconds: int = DEFAULT_STABILIZATION_WINDOW_SECONDS
-    max_step: int = DEFAULT_MAX_STEP  # most targets added or removed by one decision
+    # Targets below this batch occupancy, nothing waiting, are idle (scale in toward minTargets).
+    scale_in_occupancy: float = DEFAULT_SCALE_IN_OCCUPANCY
+    # Targets at or above this occupancy, or with requests waiting, are saturated (scale out toward N*).
+    saturated_occupancy: float = DEFAULT_SATURATED_OCCUPANCY
+    tolerance: float = DEFAULT_TOLERANCE
+    scale_up: ScalingRules = field(
+        default_factory=lambda: ScalingRules(DEFAULT_SCALE_UP_WINDOW_SECONDS, DEFAULT_SCALE_UP_MAX_STEP)
+    )
+    scale_down: ScalingRules = field(
+        default_factory=lambda: ScalingRules(DEFAULT_SCALE_DOWN_WINDOW_SECONDS, DEFAULT_SCALE_DOWN_MAX_STEP)
+    )
+    convergence_timeout_seconds: int = DEFAULT_CONVERGENCE_TIMEOUT_SECONDS
 
 
 @dataclass(frozen=True)
@@ -111,6 +150,7 @@ class ClusterSpec:
     replicas: int  # spec.targets.replicas: the total target count (the scale subresource)
     pools: tuple[PoolSpec, ...]
     autoscaling: AutoscalingSpec = field(default_factory=AutoscalingSpec)
+    image_policy: str = "Pinned"  # Pinned | FollowOperator (see imagepolicy.py)
 
 
 def parse(spec: Mapping[str, Any]) -> ClusterSpec:
@@ -144,6 +184,7 @@ def parse(spec: Mapping[str, Any]) -> ClusterSpec:
             model=_model(target, "spec.target"),
             image=_optional_str(target, "image", "spec.target"),
             gamma=gamma,
+            adaptive_gamma=_bool(target, "adaptiveGamma", "spec.target"),
             dtype=_choice(target, "dtype", "spec.target", DTYPES),
             max_num_seqs=_int(target, "maxNumSeqs", "spec.target", DEFAULT_MAX_NUM_SEQS, minimum=1),
             kv_cache_tokens=_int(target, "kvCacheTokens", "spec.target", 0, minimum=0) or None,
@@ -153,6 +194,7 @@ def parse(spec: Mapping[str, Any]) -> ClusterSpec:
         replicas=_int(targets, "replicas", "spec.targets", DEFAULT_REPLICAS, minimum=0),
         pools=pools,
         autoscaling=_autoscaling(spec.get("autoscaling") or {}),
+        image_policy=_choice(spec, "imagePolicy", "spec", IMAGE_POLICIES),
     )
 
 
@@ -196,6 +238,10 @@ def _autoscaling(raw: Mapping[str, Any]) -> AutoscalingSpec:
     down = _fraction(raw, "saturatedUtilization", where, DEFAULT_SATURATED_UTILIZATION)
     if up >= down:
         raise SpecError(f"{where}: underloadedUtilization ({up}) must be < saturatedUtilization ({down})")
+    idle = _fraction(raw, "scaleInOccupancy", where, DEFAULT_SCALE_IN_OCCUPANCY)
+    busy = _fraction(raw, "saturatedOccupancy", where, DEFAULT_SATURATED_OCCUPANCY)
+    if idle >= busy:
+        raise SpecError(f"{where}: scaleInOccupancy ({idle}) must be < saturatedOccupancy ({busy})")
     enabled = raw.get("enabled", False)
     if not isinstance(enabled, bool):
         raise SpecError(f"{where}.enabled must be a boolean")
@@ -205,10 +251,42 @@ def _autoscaling(raw: Mapping[str, Any]) -> AutoscalingSpec:
         max_targets=hi,
         underloaded_utilization=up,
         saturated_utilization=down,
-        stabilization_window_seconds=_int(
-            raw, "stabilizationWindowSeconds", where, DEFAULT_STABILIZATION_WINDOW_SECONDS, minimum=0
+        scale_in_occupancy=idle,
+        saturated_occupancy=busy,
+        tolerance=_fraction(raw, "tolerance", where, DEFAULT_TOLERANCE),
+        scale_up=_rules(raw, "scaleUp", DEFAULT_SCALE_UP_WINDOW_SECONDS, DEFAULT_SCALE_UP_MAX_STEP),
+        scale_down=_rules(raw, "scaleDown", DEFAULT_SCALE_DOWN_WINDOW_SECONDS, DEFAULT_SCALE_DOWN_MAX_STEP),
+        convergence_timeout_seconds=_int(
+            raw, "convergenceTimeoutSeconds", where, DEFAULT_CONVERGENCE_TIMEOUT_SECONDS, minimum=0
         ),
-        max_step=_int(raw, "maxStep", where, DEFAULT_MAX_STEP, minimum=1),
+    )
+
+
+def _rules(parent: Mapping[str, Any], key: str, window: int, step: int) -> ScalingRules:
+    where = f"spec.autoscaling.{key}"
+    raw = parent.get(key) or {}
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{where} must be an object")
+    policies_raw = raw.get("policies") or []
+    if not isinstance(policies_raw, list):
+        raise SpecError(f"{where}.policies must be a list")
+    policies = []
+    for i, p in enumerate(policies_raw):
+        at = f"{where}.policies[{i}]"
+        if not isinstance(p, Mapping):
+            raise SpecError(f"{at} must be an object")
+        policies.append(
+            RatePolicySpec(
+                type=_choice(p, "type", at, RATE_POLICY_TYPES),
+                value=_int(p, "value", at, 1, minimum=1),
+                period_seconds=_int(p, "periodSeconds", at, 60, minimum=1),
+            )
+        )
+    return ScalingRules(
+        stabilization_window_seconds=_int(raw, "stabilizationWindowSeconds", where, window, minimum=0),
+        max_step=_int(raw, "maxStep", where, step, minimum=1),
+        policies=tuple(policies),
+        select_policy=_choice(raw, "selectPolicy", where, SELECT_POLICIES),
     )
 
 
@@ -270,6 +348,13 @@ def _optional_str(parent: Mapping[str, Any], key: str, where: str) -> str | None
         return None
     if not isinstance(value, str):
         raise SpecError(f"{where}.{key} must be a string")
+    return value
+
+
+def _bool(parent: Mapping[str, Any], key: str, where: str, default: bool = False) -> bool:
+    value = parent.get(key, default)
+    if not isinstance(value, bool):
+        raise SpecError(f"{where}.{key} must be a boolean, got {value!r}")
     return value
 
 

@@ -15,7 +15,7 @@ from . import constants as c
 from . import diagnose, naming, pools
 from .conditions import Condition, render, timestamp
 from .naming import Owner
-from .rebalancer import NOT_CONVERGED, Decision, Load
+from .rebalancer import CONVERGENCE_TIMEOUT, EXTERNAL_AUTOSCALER, NOT_CONVERGED, Decision, Load
 from .spec import ClusterSpec
 
 
@@ -52,6 +52,7 @@ class Observation:
     load: Load | None = None
     load_error: str | None = None
     decision: Decision | None = None
+    external_autoscaler: str | None = None  # the HPA that scales this cluster, if any
 
 
 @dataclass(frozen=True)
@@ -80,12 +81,17 @@ def build(obs: Observation, previous: Mapping[str, Any], now: datetime) -> dict[
         "observedGeneration": previous.get("observedGeneration"),
         "selector": naming.status_selector(owner),
         "lastRebalance": previous.get("lastRebalance"),
+        "images": previous.get("images"),  # written by the reconcile (imagepolicy.py)
     }
     draft_cond = Condition(c.COND_DRAFT_READY, False, "InvalidSpec", obs.spec_error or "")
     targets_cond = Condition(c.COND_TARGETS_READY, False, "InvalidSpec", obs.spec_error or "")
+    star_cond = Condition(c.COND_STAR_CONNECTED, False, "InvalidSpec", obs.spec_error or "")
     if obs.spec is not None:
         draft_cond, out["draft"] = _draft(obs)
         targets_cond, out["targets"] = _targets(owner, obs.spec, obs.children)
+        star_cond = _star(obs, out["targets"]["readyReplicas"])
+        if obs.load is not None:
+            out["targets"]["connected"] = obs.load.targets
     if obs.load is not None:
         out["recommendedTargets"] = obs.load.optimal_targets()
     if obs.decision is not None and obs.decision.changed:
@@ -97,9 +103,10 @@ def build(obs: Observation, previous: Mapping[str, Any], now: datetime) -> dict[
             "message": obs.decision.message,
         }
     wanted = [
-        _ready(obs, previous, draft_cond, targets_cond),
+        _ready(obs, previous, draft_cond, targets_cond, star_cond),
         draft_cond,
         targets_cond,
+        star_cond,
         _rebalancing(obs, out.get("lastRebalance")),
     ]
     generation = obs.generation if obs.spec is not None else None
@@ -151,6 +158,9 @@ def _draft(obs: Observation) -> tuple[Condition, dict[str, Any]]:
             queueDepth=round(obs.load.queue_depth, 2),
             activeSessions=obs.load.active_sessions,
             connectedTargets=obs.load.targets,
+            runningRequests=obs.load.running_requests,
+            waitingRequests=obs.load.waiting_requests,
+            targetOccupancy=round(obs.load.target_occupancy, 2),
         )
     return cond, {k: v for k, v in draft.items() if v is not None}
 
@@ -205,7 +215,28 @@ def _targets(owner: Owner, spec: ClusterSpec, children: Children) -> tuple[Condi
     return cond, summary
 
 
-def _ready(obs: Observation, previous: Mapping[str, Any], draft: Condition, targets: Condition) -> Condition:
+def _star(obs: Observation, ready: int) -> Condition:
+    """Whether the ready targets are connected to the draft, by the draft's own count of target streams."""
+    if obs.load is None:
+        why = obs.load_error or "no load reading yet"
+        message = f"the draft's load cannot be read: {why}"
+        return Condition(c.COND_STAR_CONNECTED, False, "LoadUnavailable", message, unknown=True)
+    connected = obs.load.targets
+    if connected >= ready:
+        return Condition(
+            c.COND_STAR_CONNECTED, True, "Connected", f"{connected} targets connected to the draft, {ready} ready"
+        )
+    return Condition(
+        c.COND_STAR_CONNECTED,
+        False,
+        "TargetsNotConnected",
+        f"{connected} of {ready} ready targets connected to the draft; {ready - connected} not connected",
+    )
+
+
+def _ready(
+    obs: Observation, previous: Mapping[str, Any], draft: Condition, targets: Condition, star: Condition
+) -> Condition:
     if obs.spec_error is not None:
         return Condition(c.COND_READY, False, "InvalidSpec", obs.spec_error)
     if obs.reconcile_error is not None:
@@ -216,6 +247,8 @@ def _ready(obs: Observation, previous: Mapping[str, Any], draft: Condition, targ
         return Condition(c.COND_READY, False, draft.reason, f"draft: {draft.message}")
     if not targets.ok:
         return Condition(c.COND_READY, False, targets.reason, f"targets: {targets.message}")
+    if not star.ok and not star.unknown:
+        return Condition(c.COND_READY, False, star.reason, f"star: {star.message}")
     return Condition(c.COND_READY, True, "Ready", f"draft ready; {targets.message}")
 
 
@@ -223,6 +256,17 @@ def _rebalancing(obs: Observation, last: Mapping[str, Any] | None) -> Condition:
     decision = obs.decision
     if obs.spec is None or not obs.spec.autoscaling.enabled:
         return Condition(c.COND_REBALANCING, False, "Disabled", "autoscaling is disabled")
+    if obs.external_autoscaler is not None:
+        return Condition(
+            c.COND_REBALANCING,
+            False,
+            EXTERNAL_AUTOSCALER,
+            f"HorizontalPodAutoscaler {obs.external_autoscaler} scales this cluster; the rebalancer steps aside",
+        )
+    if decision is not None and decision.timed_out:
+        problem = diagnose.first_problem(obs.children.pods_of(c.COMPONENT_TARGET))
+        blocking = f"; blocking: {problem.reason}: {problem.message}" if problem else ""
+        return Condition(c.COND_REBALANCING, decision.changed, CONVERGENCE_TIMEOUT, decision.message + blocking)
     if decision is not None and decision.changed:
         return Condition(c.COND_REBALANCING, True, decision.reason, decision.message)
     if decision is not None and decision.reason == NOT_CONVERGED and last and last.get("to") == obs.spec.replicas:

@@ -31,6 +31,7 @@ def statefulset(
             str(c.TARGET_HTTP_PORT),
             "--gamma",
             str(target.gamma),
+            *(["--adaptive-gamma"] if target.adaptive_gamma else []),
             "--device",
             "auto",
             "--dtype",

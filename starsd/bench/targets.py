@@ -66,6 +66,7 @@ class TargetSpec:
     prompt_tokens: int = 16
     session_tokens: int = 512  # a session (one client completion) ends after this many tokens
     timeout: float = 30.0  # longest wait for one proposal before the target gives up
+    max_num_seqs: int = 1  # an emulated target runs one session at a time: its demand report is 1 of this
 
     def __post_init__(self) -> None:
         if len(self.betas) != self.gamma or not all(0.0 <= b <= 1.0 for b in self.betas):
@@ -147,6 +148,8 @@ class EmulatedTarget:
                     temperature=0.0,
                     verify_seconds=verify_reported,
                     rtt_seconds=rtt_reported,
+                    running_requests=1,
+                    occupancy=1 / spec.max_num_seqs,
                 )
                 if seq == 1:
                     record.sessions += 1

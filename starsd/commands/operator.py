@@ -55,6 +55,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="seconds between status refreshes and load readings of each StarSDCluster",
     )
     parser.add_argument("--load-timeout", type=_seconds, default=3.0, help="timeout in seconds of one /v1/load request")
+    parser.add_argument(
+        "--peering",
+        default=None,
+        metavar="NAME",
+        help="run as one of several replicas: kopf's peering object NAME (a ClusterKopfPeering, or a KopfPeering "
+        "in --namespace) keeps one active and the others on standby; without it the operator runs alone",
+    )
+    parser.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="this replica's peering priority, the highest is active (default: random)",
+    )
+    parser.add_argument(
+        "--allow-load-url-annotation",
+        action="store_true",
+        help="read a cluster's load from its starsd.io/load-url annotation (http(s) only, no redirects) instead "
+        "of its own draft Service; off by default, since whoever may edit a StarSDCluster then picks a URL the "
+        "operator GETs (for tests and operators run outside the cluster)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
             liveness_port=port,
             tick_interval=args.interval,
             load_timeout=args.load_timeout,
+            allow_load_url_annotation=args.allow_load_url_annotation,
+            peering=args.peering,
+            priority=args.priority,
         )
     )
     return 0

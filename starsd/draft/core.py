@@ -96,6 +96,8 @@ def validate_request(req: pb.ProposeRequest, vocab_size: int, max_gamma: int, ma
             raise bad(f"top_p must be in (0, 1], got {req.top_p}")
     if req.top_k > MAX_TOP_K:
         raise bad(f"top_k must be at most {MAX_TOP_K}, got {req.top_k}")
+    if not math.isfinite(req.occupancy) or req.occupancy < 0:
+        raise bad("occupancy must be a finite number >= 0")
     for name in ("verify_seconds", "rtt_seconds"):
         value = getattr(req, name)
         if not math.isfinite(value) or value < 0:
@@ -159,6 +161,8 @@ class DraftCore:
             self.metrics.queue_depth.set(len(self.buffer))
             log.info("target %r disconnected: dropped its %d queued requests", stream.target_id or "?", dropped)
         freed = self.sessions.release_owner(stream)
+        if stream.target_id:
+            self.load.forget_target(stream.target_id)
         self.metrics.targets.set(len(self.streams))
         self.metrics.sessions.set(len(self.sessions))
         if freed:
@@ -191,6 +195,7 @@ class DraftCore:
         if req.rtt_seconds > 0 and session.last_draft_seconds > 0:
             transfer = max(0.0, (req.rtt_seconds - session.last_draft_seconds) / 2)
         self.load.record_request(key, req.verify_seconds, transfer)
+        self.load.record_demand(req.target_id, req.running_requests, req.waiting_requests, req.occupancy)
         session.busy = True
         stream.pending += 1
         self.metrics.sessions.set(len(self.sessions))

@@ -25,6 +25,12 @@ class LoadSnapshot:
     recommended_targets: int  # N* from the system model (0 while there is no measurement)
     requests: int  # requests served within the window
     busy_seconds_total: float
+    # The targets' demand, from what each reported on its latest request within the window (a target that
+    # sent nothing in the window had nothing running that needed the draft): completions running and waiting
+    # at the targets, and the mean of running / max-num-seqs over the connected targets.
+    running_requests: int = 0
+    waiting_requests: int = 0
+    target_occupancy: float = 0.0
 
     def to_json(self) -> dict[str, float | int | str]:
         return asdict(self)
@@ -47,6 +53,7 @@ class LoadTracker:
         self._verify: deque[tuple[float, float]] = deque()  # (time, tp)
         self._transfer: deque[tuple[float, float]] = deque()  # (time, tc)
         self._last_request: dict[object, float] = {}  # session key -> time of its last request
+        self._demand: dict[str, tuple[float, int, int, float]] = {}  # target id -> (time, running, waiting, occ.)
         self._keys_pruned = self._started
         self.busy_seconds_total = 0.0
 
@@ -82,6 +89,15 @@ class LoadTracker:
                 self._transfer.append((now, transfer_seconds))
             self._prune(now)
 
+    def record_demand(self, target_id: str, running: int, waiting: int, occupancy: float) -> None:
+        now = self._clock()
+        with self._lock:
+            self._demand[target_id] = (now, running, waiting, min(1.0, occupancy))
+
+    def forget_target(self, target_id: str) -> None:
+        with self._lock:
+            self._demand.pop(target_id, None)
+
     def forget(self, session_key: object) -> None:
         with self._lock:
             self._last_request.pop(session_key, None)
@@ -98,6 +114,9 @@ class LoadTracker:
             tq, tp, tc = _mean(self._service), _mean(self._verify), _mean(self._transfer)
             served = len(self._service)
             total = self.busy_seconds_total
+            for key in [k for k, (t, *_) in self._demand.items() if t < since]:
+                del self._demand[key]
+            reports = list(self._demand.values())
         utilization = min(1.0, busy / span) if span > 0 else 0.0
         if tq > 0 and targets > 0:
             regime = str(model.regime(targets, tq, tp, tc))
@@ -117,4 +136,7 @@ class LoadTracker:
             recommended_targets=recommended,
             requests=served,
             busy_seconds_total=round(total, 6),
+            running_requests=sum(r[1] for r in reports),
+            waiting_requests=sum(r[2] for r in reports),
+            target_occupancy=round(min(1.0, sum(r[3] for r in reports) / targets), 4) if targets else 0.0,
         )

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("target_id", "session_id", "seq", "tokens", "gamma", "temperature", "top_p", "top_k", "seed", "release", "verify_seconds", "rtt_seconds", "sample")
+    __slots__ = ("target_id", "session_id", "seq", "tokens", "gamma", "temperature", "top_p", "top_k", "seed", "release", "verify_seconds", "rtt_seconds", "sample", "running_requests", "waiting_requests", "occupancy")
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +21,9 @@ class ProposeRequest(_message.Message):
     VERIFY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RTT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    OCCUPANCY_FIELD_NUMBER: _ClassVar[int]
     target_id: str
     session_id: int
     seq: int
@@ -34,7 +37,10 @@ class ProposeRequest(_message.Message):
     verify_seconds: float
     rtt_seconds: float
     sample: bool
-    def __init__(self, target_id: _Optional[str] = ..., session_id: _Optional[int] = ..., seq: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., gamma: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., release: _Optional[bool] = ..., verify_seconds: _Optional[float] = ..., rtt_seconds: _Optional[float] = ..., sample: _Optional[bool] = ...) -> None: ...
+    running_requests: int
+    waiting_requests: int
+    occupancy: float
+    def __init__(self, target_id: _Optional[str] = ..., session_id: _Optional[int] = ..., seq: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., gamma: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., release: _Optional[bool] = ..., verify_seconds: _Optional[float] = ..., rtt_seconds: _Optional[float] = ..., sample: _Optional[bool] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., occupancy: _Optional[float] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
     __slots__ = ("target_id", "session_id", "seq", "token_ids", "q_ids", "q_probs", "top_k", "service_seconds", "error_code", "error_message", "draft_sessions", "queue_seconds")

@@ -14,7 +14,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +30,15 @@ log = logging.getLogger(__name__)
 
 class VocabularyMismatch(RuntimeError):
     """The draft serves another vocabulary: its proposals would be meaningless to this target."""
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What this target reports to the draft on every request (the operator's demand signal)."""
+
+    running: int = 0  # completions in the batch
+    waiting: int = 0  # completions waiting for a batch slot
+    occupancy: float = 0.0  # running / max-num-seqs
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,7 @@ class DraftClient:
         self._task: asyncio.Task[None] | None = None
         self._session_ids = itertools.count(int.from_bytes(os.urandom(4), "big") << 20 | 1)
         self._connected_event = asyncio.Event()
+        self.demand: Callable[[], Demand] = Demand  # the engine sets its own reader
 
     def _channel(self) -> grpc.aio.Channel:
         options = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
@@ -252,6 +262,8 @@ class DraftLink:
             verify_seconds=verify_seconds,
             rtt_seconds=self.rtt,
         )
+        demand = client.demand()
+        req.running_requests, req.waiting_requests, req.occupancy = demand.running, demand.waiting, demand.occupancy
         sent = time.perf_counter()
         future = client.send(req)
         if future is None:

@@ -19,7 +19,7 @@ from starsd.runners import LoadedModel
 from starsd.sampling import SamplingParams, target_generator
 from starsd.seeding import request_seed
 from starsd.target.batching import RowOutcome, StepRow, TargetRunner, TargetSession, TokenLogprobs
-from starsd.target.draft_client import DraftClient, DraftLink, DraftProposal
+from starsd.target.draft_client import Demand, DraftClient, DraftLink, DraftProposal
 from starsd.target.memory import DEFAULT_GPU_MEMORY_FRACTION, kv_budget_tokens
 from starsd.target.metrics import TargetMetrics
 from starsd.target.processing import LogitRules, round_processor
@@ -136,6 +136,13 @@ class TargetEngine:
             self.runner.step, self.executor, b.max_num_seqs, step_tokens, self._stepped
         )
         self.step_seconds = 0.0  # the last step's time: the verify time reported to the draft
+        if self.draft is not None:
+            self.draft.demand = self.demand
+
+    def demand(self) -> Demand:
+        """Running and waiting completions and the batch's occupancy, as reported to the draft."""
+        b = self.budget
+        return Demand(b.running, b.waiting, b.running / b.max_num_seqs if b.max_num_seqs else 0.0)
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)

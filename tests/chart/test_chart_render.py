@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from starsd_operator import permissions
 
 from .conftest import Rendered
 
@@ -72,10 +73,27 @@ def test_deployment_selector_matches_its_pod_labels(rendered: Rendered) -> None:
     assert "app.kubernetes.io/version" not in selector, "the selector must not change on upgrade"
 
 
-def test_operator_is_a_single_replica_replaced_with_recreate(rendered: Rendered) -> None:
+def test_operator_runs_two_peered_replicas_with_a_disruption_budget(rendered: Rendered) -> None:
     spec = rendered.one("Deployment", "-operator")["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    name = rendered.one("Deployment", "-operator")["metadata"]["name"]
+    args = spec["template"]["spec"]["containers"][0]["args"]
+    assert f"--peering={name}" in args
+    namespaced = bool(rendered.of_kind("Role"))
+    peering = rendered.one("KopfPeering" if namespaced else "ClusterKopfPeering")
+    assert peering["metadata"]["name"] == name and peering["apiVersion"] == "kopf.dev/v1"
+    pdb = rendered.one("PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+
+
+def test_one_operator_replica_runs_standalone_replaced_with_recreate(render: Render) -> None:
+    docs = render(sets=("operator.replicas=1",))
+    spec = docs.one("Deployment", "-operator")["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    assert not [a for a in spec["template"]["spec"]["containers"][0]["args"] if a.startswith("--peering")]
+    assert docs.of_kind("PodDisruptionBudget") == [] and docs.of_kind("ClusterKopfPeering") == []
 
 
 def test_every_pod_runs_non_root_with_a_read_only_root_filesystem(rendered: Rendered) -> None:
@@ -102,21 +120,6 @@ def test_operator_probes_use_the_liveness_endpoint_it_serves(rendered: Rendered)
 
 
 # The permissions the operator uses (what it reads, writes and watches); anything else is a regression.
-EXPECTED_PERMISSIONS = {
-    ("starsd.io", "starsdclusters"): {"get", "list", "watch", "patch", "update"},
-    ("starsd.io", "starsdclusters/status"): {"get", "patch", "update"},
-    ("starsd.io", "starsdclusters/scale"): {"get", "patch", "update"},
-    ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "update", "delete"},
-    ("apps", "statefulsets"): {"get", "list", "watch", "create", "patch", "update", "delete"},
-    ("", "services"): {"get", "list", "watch", "create", "patch", "update", "delete"},
-    ("", "pods"): {"get", "list", "watch"},
-    ("", "events"): {"create", "patch"},
-    ("events.k8s.io", "events"): {"create", "patch"},
-    ("networking.k8s.io", "networkpolicies"): {"get", "list", "watch", "create", "patch", "update", "delete"},
-    ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "update", "delete"},
-    ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
-    ("", "namespaces"): {"get", "list", "watch"},
-}
 
 
 def granted_permissions(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
@@ -129,22 +132,30 @@ def granted_permissions(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]
     return granted
 
 
+def role_kind(docs: Rendered) -> str:
+    """ClusterRole, or Role when the values set operator.watchNamespace."""
+    return "Role" if docs.of_kind("Role") else "ClusterRole"
+
+
 def test_cluster_role_grants_exactly_what_the_operator_uses_and_no_wildcard(rendered: Rendered) -> None:
-    role = rendered.one("ClusterRole")
+    kind = role_kind(rendered)
+    role = rendered.one(kind)
     for rule in role["rules"]:
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[field], f"wildcard in {rule}"
-    assert granted_permissions(role) == EXPECTED_PERMISSIONS
+    expected = {key: set(verbs) for key, verbs in permissions.rules(clusterwide=kind == "ClusterRole").items()}
+    assert granted_permissions(role) == expected
 
 
 def test_cluster_role_binding_binds_the_operator_service_account(rendered: Rendered) -> None:
-    binding = rendered.one("ClusterRoleBinding")
+    kind = role_kind(rendered)
+    binding = rendered.one(f"{kind}Binding")
     account = rendered.one("ServiceAccount")
     pod = rendered.one("Deployment", "-operator")["spec"]["template"]["spec"]
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "ClusterRole",
-        "name": rendered.one("ClusterRole")["metadata"]["name"],
+        "kind": kind,
+        "name": rendered.one(kind)["metadata"]["name"],
     }
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "starsd-system"}
@@ -191,7 +202,7 @@ def test_sample_cluster_renders_the_values(render: Render) -> None:
     assert sample["metadata"]["name"] == "chat"
     spec = sample["spec"]
     assert spec["draft"]["model"] == {"path": "/models/draft"}
-    assert spec["target"] == {"model": {"path": "/models/target"}, "gamma": 4}
+    assert spec["target"]["model"] == {"path": "/models/target"} and spec["target"]["gamma"] == 4
     assert [p["name"] for p in spec["pools"]] == ["h100", "l4"]
     assert spec["pools"][0]["tolerations"][0]["key"] == "starsd.io/pool"
 
@@ -236,3 +247,36 @@ def test_service_monitors_follow_the_watched_namespace(render: Render) -> None:
     docs = render("custom-pools.yaml", sets=("serviceMonitor.enabled=true",))
     for monitor in docs.of_kind("ServiceMonitor"):
         assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["inference"]}
+
+
+def test_with_a_watch_namespace_the_operator_gets_a_role_in_that_namespace_only(render: Render) -> None:
+    docs = render(sets=("operator.watchNamespace=ml",))
+    assert docs.of_kind("ClusterRole") == [] and docs.of_kind("ClusterRoleBinding") == []
+    role, binding = docs.one("Role"), docs.one("RoleBinding")
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "ml"
+    expected = {key: set(verbs) for key, verbs in permissions.rules(clusterwide=False).items()}
+    assert granted_permissions(role) == expected
+    assert ("apiextensions.k8s.io", "customresourcedefinitions") not in expected
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"][0]["namespace"] == "starsd-system"
+
+
+def test_every_kind_the_operator_touches_is_in_its_permissions() -> None:
+    from starsd_operator import kube
+
+    plural = {
+        "Deployment": ("apps", "deployments"),
+        "StatefulSet": ("apps", "statefulsets"),
+        "Service": ("", "services"),
+        "NetworkPolicy": ("networking.k8s.io", "networkpolicies"),
+        "Pod": ("", "pods"),
+        "HorizontalPodAutoscaler": ("autoscaling", "horizontalpodautoscalers"),
+    }
+    granted = permissions.rules(clusterwide=False)
+    assert set(kube._KINDS) == set(plural)
+    for kind in kube._KINDS:
+        assert "list" in granted[plural[kind]], kind

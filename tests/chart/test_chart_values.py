@@ -58,7 +58,7 @@ def test_the_comment_check_finds_an_uncommented_key() -> None:
 
 BAD_VALUES = [
     (["unknownTopLevel=1"], "additional properties 'unknownTopLevel' not allowed"),
-    (["operator.replicas=2"], "additional properties 'replicas' not allowed"),
+    (["operator.replicas=0"], "/operator/replicas"),
     (["operator.logLevel=LOUD"], "/operator/logLevel"),
     (["operator.image.tag=latest"], "/operator/image/tag"),
     (["operator.image.pullPolicy=Sometimes"], "/operator/image/pullPolicy"),

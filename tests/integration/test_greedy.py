@@ -108,6 +108,9 @@ def test_models_health_and_metrics_endpoints(star4: LocalStar) -> None:
         "regime",
         "active_sessions",
         "recommended_targets",
+        "running_requests",
+        "waiting_requests",
+        "target_occupancy",
     ):
         assert key in load
     assert load["targets"] == 4

@@ -36,7 +36,7 @@ class FakeKube:
     def list(self, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
         if self.fail_list is not None:
             raise self.fail_list
-        wanted = dict(part.split("=", 1) for part in selector.split(","))
+        wanted = dict(part.split("=", 1) for part in selector.split(",") if part)
         return [
             copy.deepcopy(o)
             for (k, ns, _), o in sorted(self.objects.items())

@@ -20,6 +20,7 @@ from .fakekube import FakeKube
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 CONFIG = Config()
+OVERRIDABLE = Config(allow_load_url_annotation=True)  # honours the load-url annotation (tests, local runs)
 LOAD_URL = "http://127.0.0.1:7777/v1/load"
 
 
@@ -35,6 +36,9 @@ def under_loaded(_url: str) -> Load:
         regime="UnderLoaded",
         active_sessions=20,
         recommended_targets=7,
+        running_requests=150,
+        waiting_requests=4,
+        target_occupancy=0.9,
     )
 
 
@@ -248,7 +252,12 @@ def test_listing_failures_propagate() -> None:
 
 def autoscaled(window: int = 10) -> dict[str, Any]:
     spec = f.spec(
-        autoscaling={"enabled": True, "minTargets": 1, "maxTargets": 16, "stabilizationWindowSeconds": window}
+        autoscaling={
+            "enabled": True,
+            "minTargets": 1,
+            "maxTargets": 16,
+            "scaleUp": {"stabilizationWindowSeconds": window, "maxStep": 4},
+        }
     )
     return f.body(spec, annotations={c.ANNOTATION_LOAD_URL: LOAD_URL})
 
@@ -264,7 +273,7 @@ def test_the_rebalancer_raises_the_count_once_the_window_is_covered() -> None:
 
     results = []
     for i in range(12):
-        result = controller.tick(kube, body, CONFIG, memory, now=T0 + timedelta(seconds=5 * i), fetch=fetch)
+        result = controller.tick(kube, body, OVERRIDABLE, memory, now=T0 + timedelta(seconds=5 * i), fetch=fetch)
         results.append(result)
         # What the API server and kopf then do: the swap lands in the spec, the patch in the status.
         body["status"].update(result.status_patch)
@@ -294,7 +303,7 @@ def test_a_concurrent_change_of_the_count_wins_over_the_rebalancer() -> None:
     kube, memory = reconciled(body)
     kube.swap_ok = False
     results = [
-        controller.tick(kube, body, CONFIG, memory, now=T0 + timedelta(seconds=5 * i), fetch=under_loaded)
+        controller.tick(kube, body, OVERRIDABLE, memory, now=T0 + timedelta(seconds=5 * i), fetch=under_loaded)
         for i in range(4)
     ]
     assert kube.swaps and all(r.events == [] for r in results)
@@ -310,7 +319,7 @@ def test_an_unreadable_load_holds_and_says_why() -> None:
     def down(url: str) -> Load:
         raise LoadUnavailable(f"{url}: connection refused")
 
-    result = controller.tick(kube, body, CONFIG, memory, now=T0, fetch=down)
+    result = controller.tick(kube, body, OVERRIDABLE, memory, now=T0, fetch=down)
     rebalancing = conditions(result)[c.COND_REBALANCING]
     assert rebalancing["reason"] == "LoadUnavailable" and "connection refused" in rebalancing["message"]
     assert kube.swaps == []

@@ -147,8 +147,16 @@ def test_defaults_match_the_operator(schema: dict[str, Any]) -> None:
     assert auto["maxTargets"]["default"] == specmod.DEFAULT_MAX_TARGETS
     assert auto["underloadedUtilization"]["default"] == specmod.DEFAULT_UNDERLOADED_UTILIZATION
     assert auto["saturatedUtilization"]["default"] == specmod.DEFAULT_SATURATED_UTILIZATION
-    assert auto["stabilizationWindowSeconds"]["default"] == specmod.DEFAULT_STABILIZATION_WINDOW_SECONDS
-    assert auto["maxStep"]["default"] == specmod.DEFAULT_MAX_STEP
+    assert auto["scaleInOccupancy"]["default"] == specmod.DEFAULT_SCALE_IN_OCCUPANCY
+    assert auto["saturatedOccupancy"]["default"] == specmod.DEFAULT_SATURATED_OCCUPANCY
+    assert auto["tolerance"]["default"] == specmod.DEFAULT_TOLERANCE
+    assert auto["convergenceTimeoutSeconds"]["default"] == specmod.DEFAULT_CONVERGENCE_TIMEOUT_SECONDS
+    up, down = auto["scaleUp"]["properties"], auto["scaleDown"]["properties"]
+    assert up["stabilizationWindowSeconds"]["default"] == specmod.DEFAULT_SCALE_UP_WINDOW_SECONDS
+    assert up["maxStep"]["default"] == specmod.DEFAULT_SCALE_UP_MAX_STEP
+    assert down["stabilizationWindowSeconds"]["default"] == specmod.DEFAULT_SCALE_DOWN_WINDOW_SECONDS
+    assert down["maxStep"]["default"] == specmod.DEFAULT_SCALE_DOWN_MAX_STEP
+    assert up["selectPolicy"]["default"] == down["selectPolicy"]["default"] == specmod.SELECT_POLICIES[0]
 
 
 def test_a_minimal_spec_defaults_to_what_the_operator_assumes(schema: dict[str, Any]) -> None:
@@ -236,6 +244,9 @@ def test_the_status_the_operator_writes_fits_the_schema(schema: dict[str, Any]) 
             "regime": "UnderLoaded",
             "active_sessions": 9,
             "recommended_targets": 8,
+            "running_requests": 40,
+            "waiting_requests": 2,
+            "target_occupancy": 0.62,
         }
     )
     obs = status.Observation(
@@ -256,6 +267,7 @@ def test_the_status_the_operator_writes_fits_the_schema(schema: dict[str, Any]) 
         c.COND_READY,
         c.COND_DRAFT_READY,
         c.COND_TARGETS_READY,
+        c.COND_STAR_CONNECTED,
         c.COND_REBALANCING,
     }
 

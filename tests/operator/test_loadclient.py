@@ -34,6 +34,8 @@ class Draft(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         code, body = self.routes.get(self.path, (404, b"not found"))
         self.send_response(code)
+        if 300 <= code < 400:
+            self.send_header("Location", body.decode())  # a redirect's body here is where it points
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -54,6 +56,7 @@ def draft() -> Iterator[str]:
             "/bad-field": (200, json.dumps({**GOOD, "utilization": "high"}).encode()),
             "/huge": (200, b" " * (loadclient.MAX_BODY + 10)),
             "/error": (503, b"{}"),
+            "/redirect": (302, b"/v1/load"),
         }
     )
     server = ThreadingHTTPServer(("127.0.0.1", 0), Draft)
@@ -79,6 +82,7 @@ def test_reads_the_load(draft: str) -> None:
         ("/huge", "larger than"),
         ("/error", "503"),
         ("/missing", "404"),
+        ("/redirect", "302 redirect to http://127.0.0.1:[0-9]+/v1/load refused"),
     ],
 )
 def test_bad_answers_are_load_unavailable(draft: str, path: str, says: str) -> None:

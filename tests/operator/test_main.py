@@ -47,6 +47,28 @@ def test_settings() -> None:
     assert isinstance(settings.persistence.diffbase_storage, kopf.AnnotationsDiffBaseStorage)
 
 
+def test_peered_settings() -> None:
+    settings = main.build_settings(peering="starsd-operator")
+    assert settings.peering.standalone is False and settings.peering.mandatory is True
+    assert settings.peering.name == "starsd-operator" and settings.peering.clusterwide is True
+    assert settings.peering.lifetime == main.PEERING_LIFETIME
+    assert main.build_settings(namespaced=True, peering="p").peering.clusterwide is False
+
+
+def test_peered_replicas_get_distinct_priorities(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kopf pauses every operator of an equal priority: each replica draws its own."""
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr(main.kube, "load_config", lambda: None)
+    monkeypatch.setattr(main.kube, "ApiServer", lambda: "api")
+    monkeypatch.setattr(main.kopf, "run", lambda **kw: seen.append(kw))
+    for _ in range(3):
+        main.run(main.Options(peering="p"), env={})
+    assert all(kw["standalone"] is False and kw["peering_name"] == "p" for kw in seen)
+    assert len({kw["priority"] for kw in seen}) == 3
+    main.run(main.Options(peering="p", priority=7), env={})
+    assert seen[-1]["priority"] == 7
+
+
 def test_run_passes_options_to_kopf(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
     monkeypatch.setattr(main.kube, "load_config", lambda: None)
@@ -56,8 +78,11 @@ def test_run_passes_options_to_kopf(monkeypatch: pytest.MonkeyPatch) -> None:
     assert seen["namespaces"] == ["ml"] and seen["clusterwide"] is False and seen["standalone"] is True
     assert seen["liveness_endpoint"] == "http://0.0.0.0:9999/healthz"
     assert seen["memo"]["config"].images.draft == "x:1" and seen["memo"]["kube"] == "api"
-    main.run(main.Options(), env={})
+    assert seen["settings"].scanning.disabled is True  # one namespace: no cluster-wide scans (a Role suffices)
+    assert seen["memo"]["config"].allow_load_url_annotation is False
+    main.run(main.Options(allow_load_url_annotation=True), env={})
     assert seen["clusterwide"] is True and seen["namespaces"] == ()
+    assert seen["settings"].scanning.disabled is False and seen["memo"]["config"].allow_load_url_annotation
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -73,6 +98,12 @@ def test_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
     assert seen[-1] == main.Options(namespace="ml", liveness_port=8081, tick_interval=2.0, load_timeout=3.0)
     command.run(parse("--liveness", "http://0.0.0.0:9000/healthz"))
     assert seen[-1].liveness_port == 9000 and seen[-1].namespace is None
+    assert seen[-1].allow_load_url_annotation is False  # the annotation is refused unless asked for
+    command.run(parse("--allow-load-url-annotation"))
+    assert seen[-1].allow_load_url_annotation is True
+    assert seen[-1].peering is None  # standalone unless asked
+    command.run(parse("--peering", "starsd-operator", "--priority", "3"))
+    assert (seen[-1].peering, seen[-1].priority) == ("starsd-operator", 3)
     with pytest.raises(SystemExit):
         parse("--liveness-port", "70000")
     with pytest.raises(SystemExit):
@@ -91,7 +122,10 @@ def test_the_reconcile_handler_maps_errors_for_kopf(monkeypatch: pytest.MonkeyPa
     patch = kopf.Patch()
     logger = logging.getLogger("test")
     handlers.reconcile(body=body(generation=4), patch=patch, memo=memo, logger=logger)
-    assert patch["status"] == {"observedGeneration": 4}
+    assert patch["status"] == {
+        "observedGeneration": 4,
+        "images": {"draft": "starsd/draft:0.1.0", "target": "starsd/target:0.1.0"},  # pinned (imagepolicy.py)
+    }
     assert posted and set(posted) == {("Normal", c.EVENT_CREATED)}
     assert isinstance(memo[handlers.MEMORY_KEY], Memory)
     with pytest.raises(kopf.PermanentError, match="invalid spec"):

@@ -1,0 +1,50 @@
+"""When a status change is worth a write: the status is written on a real change only.
+
+A real change is a condition's status or reason, a count, the regime, a readiness, the last rebalance, or the
+draft's utilisation moving by more than :data:`UTILIZATION_STEP`. Everything else that moves every tick (the
+utilisation's small jitter, queue and demand figures, N*, the wording of a message) is refreshed at most
+once per :data:`REFRESH_SECONDS`, so an idle cluster costs the API server about one PATCH a minute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+UTILIZATION_STEP = 0.05
+REFRESH_SECONDS = 60.0
+# Figures that move with every reading: refreshed, never a reason to write on their own.
+VOLATILE_DRAFT = frozenset(
+    {"utilization", "queueDepth", "activeSessions", "runningRequests", "waitingRequests", "targetOccupancy"}
+)
+VOLATILE_TOP = frozenset({"recommendedTargets"})
+
+
+def essence(status: Mapping[str, Any]) -> dict[str, Any]:
+    """What a real change changes: ``status`` without its volatile figures and condition wording."""
+    out = {k: v for k, v in status.items() if k not in VOLATILE_TOP and k not in ("conditions", "draft")}
+    out["conditions"] = sorted(
+        (str(c.get("type")), str(c.get("status")), str(c.get("reason"))) for c in status.get("conditions") or []
+    )
+    draft = status.get("draft") or {}
+    out["draft"] = {k: v for k, v in draft.items() if k not in VOLATILE_DRAFT}
+    return out
+
+
+def significant(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether ``new`` differs from the stored ``old`` by a real change."""
+    if essence(old) != essence(new):
+        return True
+    before = (old.get("draft") or {}).get("utilization")
+    after = (new.get("draft") or {}).get("utilization")
+    if (before is None) != (after is None):
+        return True
+    return before is not None and after is not None and abs(float(after) - float(before)) > UTILIZATION_STEP
+
+
+def should_write(old: Mapping[str, Any], new: Mapping[str, Any], last_write: float | None, now: float) -> bool:
+    """Write ``new`` now? On a real change; else a refresh once :data:`REFRESH_SECONDS` have passed since the
+    last write (``None``: none since the operator started)."""
+    if significant(old, new):
+        return True
+    return last_write is None or now - last_write >= REFRESH_SECONDS

@@ -1,0 +1,91 @@
+"""Every API request the operator makes, as RBAC rules: what the chart grants, exactly (tests/chart checks
+that the chart's rules equal these, and e2e/ runs the whole suite under the chart's ServiceAccount).
+
+Each rule names where the code makes the request. Nothing is read with ``get``: children and pods are
+listed by label, the custom resource arrives through kopf's watch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Permission:
+    group: str
+    resource: str
+    verbs: frozenset[str]
+    why: str
+    clusterwide_only: bool = False  # needed only when the operator watches every namespace
+    namespaced_only: bool = False  # needed only when it watches one namespace
+
+
+def _p(
+    group: str, resource: str, verbs: str, why: str, clusterwide_only: bool = False, namespaced_only: bool = False
+) -> Permission:
+    return Permission(group, resource, frozenset(verbs.split()), why, clusterwide_only, namespaced_only)
+
+
+PERMISSIONS: tuple[Permission, ...] = (
+    _p(
+        "starsd.io",
+        "starsdclusters",
+        "list watch patch",
+        "kopf's watch; kopf's finalizer and progress annotations; kube.swap_replicas (the rebalancer's JSON patch)",
+    ),
+    _p("starsd.io", "starsdclusters/status", "patch", "kopf's status patches (handlers.reconcile, tick)"),
+    _p(
+        "starsd.io",
+        "starsdclusters/finalizers",
+        "update",
+        "owner references with blockOwnerDeletion on the "
+        "children, where OwnerReferencesPermissionEnforcement is on (OpenShift)",
+    ),
+    _p(
+        "apps",
+        "deployments",
+        "list create patch",
+        "kube.apply (server-side apply: patch, create when absent); controller.observe",
+    ),
+    _p(
+        "apps",
+        "statefulsets",
+        "list create patch delete",
+        "kube.apply; controller.observe; controller._delete_stale (a pool left the spec)",
+    ),
+    _p("", "services", "list create patch delete", "kube.apply; controller._delete_stale"),
+    _p(
+        "policy",
+        "poddisruptionbudgets",
+        "list create patch delete",
+        "kube.apply; controller._delete_stale (a pool scaled to none, or left the spec)",
+    ),
+    _p("networking.k8s.io", "networkpolicies", "list create patch", "kube.apply; controller._existing"),
+    _p("", "pods", "list", "controller.observe (readiness and the problems diagnose reports)"),
+    _p("", "events", "create", "kopf.event (handlers.post) and kopf's own warnings"),
+    _p("autoscaling", "horizontalpodautoscalers", "list", "controller.external_autoscaler"),
+    _p(
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        "list watch",
+        "kopf's resource scanning (off when the operator watches one namespace: main.configure_settings)",
+        clusterwide_only=True,
+    ),
+    _p(
+        "kopf.dev",
+        "clusterkopfpeerings",
+        "list watch patch",
+        "kopf's peering (--peering): watch the peers, keep this operator's entry alive",
+        clusterwide_only=True,
+    ),
+    _p("kopf.dev", "kopfpeerings", "list watch patch", "kopf's peering in one namespace", namespaced_only=True),
+)
+
+
+def rules(*, clusterwide: bool) -> dict[tuple[str, str], frozenset[str]]:
+    """(apiGroup, resource) -> verbs, for a ClusterRole (``clusterwide``) or a namespaced Role."""
+    return {
+        (p.group, p.resource): p.verbs
+        for p in PERMISSIONS
+        if (clusterwide and not p.namespaced_only) or (not clusterwide and not p.clusterwide_only)
+    }
