@@ -275,6 +275,7 @@ def test_every_kind_the_operator_touches_is_in_its_permissions() -> None:
         "NetworkPolicy": ("networking.k8s.io", "networkpolicies"),
         "Pod": ("", "pods"),
         "HorizontalPodAutoscaler": ("autoscaling", "horizontalpodautoscalers"),
+        "PodDisruptionBudget": ("policy", "poddisruptionbudgets"),
     }
     granted = permissions.rules(clusterwide=False)
     assert set(kube._KINDS) == set(plural)
