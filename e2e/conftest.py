@@ -7,6 +7,7 @@ cold build (tens of minutes on 2 cores); its progress is printed as it goes.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -24,6 +25,7 @@ from e2e.operator_process import (
     install_chart,
     service_account_kubeconfig,
 )
+from starsd.bench.draft_process import DraftProcess
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_SH = REPO / "e2e" / "cluster" / "cluster.sh"
@@ -76,6 +78,20 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     finally:
         _uncaptured(request.config, ["bash", str(CLUSTER_SH), "down"])
         signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.fixture
+def draft(cluster: Cluster) -> Iterator[DraftProcess]:
+    """A real draft server on loopback with an emulated 4 ms service time (the rebalancer reads its load)."""
+    process = DraftProcess(["--emulate-service-time", "0.004"])
+    try:
+        asyncio.run(process.start())
+        assert process.proc is not None
+        cluster.track("draft", process.proc.pid)
+        yield process
+    finally:
+        process.stop()
+        cluster.untrack("draft")
 
 
 @pytest.fixture

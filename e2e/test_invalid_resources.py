@@ -43,6 +43,26 @@ def negative_replicas(spec: dict[str, Any]) -> None:
     spec["targets"]["replicas"] = -1
 
 
+def no_source(spec: dict[str, Any]) -> None:
+    spec["draft"]["model"] = {}
+
+
+def two_sources(spec: dict[str, Any]) -> None:
+    spec["target"]["model"] = {"path": "/models/target", "uri": "hf://org/target"}
+
+
+def unknown_scheme(spec: dict[str, Any]) -> None:
+    spec["pools"][0]["model"] = {"uri": "ftp://host/model.tar.gz"}
+
+
+def cache_without_uri(spec: dict[str, Any]) -> None:
+    spec["draft"]["model"] = {"path": "/models/draft", "cache": {"claimName": "c"}}
+
+
+def sub_path_escapes(spec: dict[str, Any]) -> None:
+    spec["draft"]["model"] = {"pvc": {"claimName": "c", "subPath": "a/../../etc"}}
+
+
 # (mutation, what the refusal must name: the fields involved and the reason)
 INVALID: list[tuple[Callable[[dict[str, Any]], None], list[str]]] = [
     (autoscaling_min_above_max, ["minTargets", "maxTargets"]),
@@ -52,6 +72,11 @@ INVALID: list[tuple[Callable[[dict[str, Any]], None], list[str]]] = [
     (no_pools, ["at least one pool"]),
     (unknown_field, ['unknown field "spec.targets.replicaz"']),
     (negative_replicas, ["spec.targets.replicas", "greater than or equal to 0"]),
+    (no_source, ["spec.draft.model", "exactly one source"]),
+    (two_sources, ["spec.target.model", "exactly one source"]),
+    (unknown_scheme, ["spec.pools[0].model.uri", "hf://ORG/NAME"]),
+    (cache_without_uri, ["spec.draft.model", "uri source only"]),
+    (sub_path_escapes, ["spec.draft.model.pvc.subPath", "'..'"]),
 ]
 
 

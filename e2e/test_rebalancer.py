@@ -10,11 +10,7 @@ as an Event and in status.lastRebalance, and then hold while the load holds.
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Iterator
-
-import pytest
 
 from e2e import starsd_cluster as ssd
 from e2e.emulated_load import EmulatedLoad
@@ -25,19 +21,6 @@ from starsd.bench.draft_process import DraftProcess
 SESSIONS = 6  # emulated targets, one session each (Tp = 100 ms): N* = ceil(1 + 0.1/0.004) = 26, the draft ~23% busy
 START_REPLICAS = 2
 MAX_STEP = 4
-
-
-@pytest.fixture
-def draft(cluster: Cluster) -> Iterator[DraftProcess]:
-    process = DraftProcess(["--emulate-service-time", "0.004"])
-    try:
-        asyncio.run(process.start())
-        assert process.proc is not None
-        cluster.track("draft", process.proc.pid)
-        yield process
-    finally:
-        process.stop()
-        cluster.untrack("draft")
 
 
 def rebalanced_events(cluster: Cluster, namespace: str) -> list[dict]:

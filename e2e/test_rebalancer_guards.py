@@ -7,14 +7,11 @@ occupancy is chosen per test (each runs one session in a batch of ``max_num_seqs
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
-import pytest
 import yaml
 
 from e2e import starsd_cluster as ssd
@@ -22,19 +19,6 @@ from e2e.emulated_load import EmulatedLoad
 from e2e.kube import Cluster, condition, wait_until
 from e2e.operator_process import OperatorProcess
 from starsd.bench.draft_process import DraftProcess
-
-
-@pytest.fixture
-def draft(cluster: Cluster) -> Iterator[DraftProcess]:
-    process = DraftProcess(["--emulate-service-time", "0.004"])
-    try:
-        asyncio.run(process.start())
-        assert process.proc is not None
-        cluster.track("draft", process.proc.pid)
-        yield process
-    finally:
-        process.stop()
-        cluster.untrack("draft")
 
 
 def events(cluster: Cluster, namespace: str, reason: str) -> list[dict[str, Any]]:
