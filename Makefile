@@ -7,9 +7,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 UV_VERSION := 0.13.9
 
-.PHONY: help install demo test unit e2e soak bench lint format proto models images cluster-build cluster-up cluster-down clean
+.PHONY: help install demo test unit e2e soak bench lint format proto models images base-image images-test cluster-build cluster-up cluster-down clean
 IMAGE_TAG ?= 0.1.0
-VARIANT ?= cpu
+VARIANT ?= auto
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -53,8 +53,8 @@ lint: install ## ruff, the formatter check and mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy starsd operator/starsd_operator
-	$(BIN)/hadolint images/draft/Dockerfile images/target/Dockerfile images/operator/Dockerfile
-	$(BIN)/shellcheck -x e2e/cluster/cluster.sh e2e/cluster/lib/*.sh
+	$(BIN)/hadolint images/draft/Dockerfile images/target/Dockerfile images/operator/Dockerfile images/base/Dockerfile
+	$(BIN)/shellcheck -x e2e/cluster/cluster.sh e2e/cluster/lib/*.sh images/*.sh images/lib/*.sh
 
 format: install ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .
@@ -66,11 +66,14 @@ proto: install ## regenerate the gRPC stubs from starsd/proto/starsd.proto
 models: install ## train the shipped tokenizer and model pair into models/ (deterministic, CPU)
 	$(BIN)/starsd models train --out models
 
-images: ## build the container images (needs a Docker engine with BuildKit); VARIANT=cuda for GPUs
-	@command -v docker >/dev/null || { echo "make images needs a Docker engine"; exit 1; }
-	docker build -f images/operator/Dockerfile -t starsd/operator:$(IMAGE_TAG) .
-	docker build -f images/draft/Dockerfile --build-arg VARIANT=$(VARIANT) -t starsd/draft:$(IMAGE_TAG)$(if $(filter cuda,$(VARIANT)),-cuda) .
-	docker build -f images/target/Dockerfile --build-arg VARIANT=$(VARIANT) -t starsd/target:$(IMAGE_TAG)$(if $(filter cuda,$(VARIANT)),-cuda) .
+images: ## build the draft, target and operator images with the engine here (VARIANT=auto|cpu|cuda)
+	IMAGE_TAG=$(IMAGE_TAG) VARIANT=$(VARIANT) bash images/build.sh
+
+base-image: ## a local Python base image from Debian's packages, for machines without registry access
+	bash images/base-image.sh
+
+images-test: install images ## the images as containers: a draft and two targets on one network, lossless
+	DOCKER_HOST="$$(bash images/engine.sh)" $(BIN)/pytest -p no:cacheprovider images/smoke -v
 
 cluster-build: ## build the test cluster's binaries into ~/.cache/starsd (once per machine)
 	bash e2e/cluster/cluster.sh build
