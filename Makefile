@@ -10,6 +10,7 @@ UV_VERSION := 0.13.9
 .PHONY: help install demo test unit e2e soak bench lint format proto models images base-image images-test cluster-build cluster-up cluster-down clean
 IMAGE_TAG ?= 0.1.0
 VARIANT ?= auto
+REAL_NODE ?= 0
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -78,8 +79,8 @@ images-test: install images ## the images as containers: a draft and two targets
 cluster-build: ## build the test cluster's binaries into ~/.cache/starsd (once per machine)
 	bash e2e/cluster/cluster.sh build
 
-cluster-up: ## start a local Kubernetes control plane (kubeconfig in .cluster/kubeconfig)
-	bash e2e/cluster/cluster.sh up
+cluster-up: $(if $(filter 1,$(REAL_NODE)),images) ## start a local Kubernetes control plane (kubeconfig in .cluster/kubeconfig); REAL_NODE=1 adds a real node
+	REAL_NODE=$(REAL_NODE) bash e2e/cluster/cluster.sh up
 
 cluster-env: ## print the exports (KUBECONFIG, PATH) of the running test cluster, to eval
 	@bash e2e/cluster/cluster.sh env
