@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 UV_VERSION := 0.13.9
 
-.PHONY: help install demo test unit e2e soak bench lint format proto models images base-image images-test cluster-build cluster-up cluster-down clean
+.PHONY: help install demo test unit e2e soak bench lint format proto models images base-image images-test e2e-real cluster-build cluster-up cluster-down clean
 IMAGE_TAG ?= 0.1.0
 VARIANT ?= auto
 REAL_NODE ?= 0
@@ -40,6 +40,9 @@ test-fast: install ## the quick loop: unit tests only (no servers on loopback, n
 
 e2e: install ## end-to-end tests against a real kube-apiserver (built from Go modules on first use)
 	$(BIN)/pytest e2e
+
+e2e-real: install images ## the real-pod e2e: chart, operator and a star as real pods on a real node (root, docker.io, containerd)
+	REAL_NODE=1 $(BIN)/pytest e2e/real
 
 soak: install ## long reliability runs
 	STARSD_SOAK=1 $(BIN)/pytest tests -m slow

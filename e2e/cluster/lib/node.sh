@@ -34,7 +34,7 @@ node_preflight() {
   [[ $(id -u) == 0 ]] || die "REAL_NODE=1 needs root (containerd, cgroups, iptables)"
   local missing=() cmd
   for cmd in containerd ctr runc iptables conntrack docker; do command -v "$cmd" >/dev/null || missing+=("$cmd"); done
-  [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local ]] || missing+=("CNI plugins")
+  [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/firewall ]] || missing+=("CNI plugins")
   (( ${#missing[@]} == 0 )) || die "the real node needs ${missing[*]}: apt-get install -y docker.io containernetworking-plugins conntrack iptables"
 }
 
@@ -55,9 +55,10 @@ extendedKeyUsage=serverAuth"
   done
 }
 
-# node_apiserver_flags PKI_DIR NODE_IP: what the apiserver adds for a real node (printed one per line).
+# node_apiserver_flags PKI_DIR NODE_IP: what the apiserver adds for a real node (printed one per line; the
+# Node authorizer comes with them, see cluster_up).
 node_apiserver_flags() {
-  printf '%s\n' --bind-address=0.0.0.0 --advertise-address="$2" --authorization-mode=Node,RBAC \
+  printf '%s\n' --bind-address=0.0.0.0 --advertise-address="$2" \
     --kubelet-client-certificate="$1/apiserver-kubelet-client.crt" \
     --kubelet-client-key="$1/apiserver-kubelet-client.key" \
     --kubelet-preferred-address-types=InternalIP,Hostname
@@ -85,12 +86,15 @@ state = "$NODE_DIR/containerd-state"
   [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
     runtime_type = "io.containerd.runc.v2"
 TOML
+  # firewall: accept the pods' traffic in FORWARD, whose policy a Docker engine on the machine sets to DROP
+  # (with bridge netfilter on, even traffic between two pods on the bridge passes FORWARD).
   cat >"$NODE_DIR/cni/10-starsd.conflist" <<JSON
 {"cniVersion": "0.4.0", "name": "starsd", "plugins": [
   {"type": "bridge", "bridge": "$NODE_BRIDGE", "isGateway": true, "ipMasq": true, "hairpinMode": true,
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "$NODE_POD_CIDR"}]], "routes": [{"dst": "0.0.0.0/0"}],
             "dataDir": "$NODE_DIR/cni-ipam"}},
-  {"type": "portmap", "capabilities": {"portMappings": true}}
+  {"type": "portmap", "capabilities": {"portMappings": true}},
+  {"type": "firewall"}
 ]}
 JSON
   # Pods ask CoreDNS on the node's address; it needs no upstream (there is no outside network).
@@ -120,17 +124,24 @@ imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
 serializeImagePulls: false
 YAML
+  # Cluster names from the API; every other name is NXDOMAIN at once (there is no upstream), so that resolvers
+  # walking the pods' search list (a SERVFAIL would stop them) reach NAME.NAMESPACE.svc.cluster.local.
   cat >"$NODE_DIR/Corefile" <<COREFILE
-.:53 {
+cluster.local:53 in-addr.arpa:53 ip6.arpa:53 {
     bind $ip
     errors
     ready 127.0.0.1:$dns_ready
     kubernetes cluster.local in-addr.arpa ip6.arpa {
         kubeconfig $CLUSTER_DIR/coredns.kubeconfig starsd-e2e
         pods insecure
-        fallthrough in-addr.arpa ip6.arpa
     }
     cache 5
+}
+.:53 {
+    bind $ip
+    template ANY ANY {
+        rcode NXDOMAIN
+    }
 }
 COREFILE
   local who
@@ -222,5 +233,22 @@ node_down() {
   fi
   [[ -x "$NODE_K8S_BIN/kube-proxy" ]] && "$NODE_K8S_BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true
   ip link delete "$NODE_BRIDGE" >/dev/null 2>&1 || true
+  node_cni_cleanup
   for id in $(ip netns list 2>/dev/null | awk '/^cni-/{print $1}'); do ip netns delete "$id" 2>/dev/null || true; done
+}
+
+# node_cni_cleanup: the iptables rules CNI left for pods that were killed without a CNI DEL (node_down kills
+# them through ctr): the firewall plugin's chains, and the bridge plugin's masquerade rules of network starsd.
+node_cni_cleanup() {
+  local rule chain
+  iptables -D FORWARD -m comment --comment "CNI firewall plugin rules" -j CNI-FORWARD 2>/dev/null || true
+  for chain in CNI-FORWARD CNI-ADMIN; do
+    iptables -F "$chain" 2>/dev/null && iptables -X "$chain" 2>/dev/null || true
+  done
+  iptables -t nat -S POSTROUTING 2>/dev/null | grep -F 'name: \"starsd\"' | while read -r rule; do
+    eval "iptables -t nat ${rule/#-A/-D}" 2>/dev/null || true
+  done
+  for chain in $(iptables -t nat -S 2>/dev/null | awk '/^-N CNI-[0-9a-f]+$/ {print $2}'); do
+    iptables -t nat -F "$chain" 2>/dev/null && iptables -t nat -X "$chain" 2>/dev/null || true
+  done
 }

@@ -85,8 +85,9 @@ cluster_up() {
 
   make_pki "$PKI_DIR"
   # REAL_NODE=1: one real node beside the fakes (lib/node.sh); the apiserver then also listens on its address.
-  local node_address="" api_node_flags=()
+  local node_address="" api_node_flags=() authorization=RBAC
   if [[ "${REAL_NODE:-0}" == 1 ]]; then
+    authorization=Node,RBAC  # the kubelet's own identity
     node_preflight
     node_address="$(node_ip)"
     node_pki "$PKI_DIR" "$node_address"
@@ -114,7 +115,7 @@ cluster_up() {
   start kube-apiserver "$K8S_BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$etcd_port" \
     --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" \
     --tls-cert-file="$PKI_DIR/apiserver.crt" --tls-private-key-file="$PKI_DIR/apiserver.key" \
-    --client-ca-file="$PKI_DIR/ca.crt" --authorization-mode=RBAC \
+    --client-ca-file="$PKI_DIR/ca.crt" --authorization-mode="$authorization" \
     --service-cluster-ip-range=10.0.0.0/24 --allow-privileged=true \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$PKI_DIR/sa.pub" --service-account-signing-key-file="$PKI_DIR/sa.key" \
