@@ -183,6 +183,11 @@ node_import_images() {
     | nice -n 10 ctr --address "$NODE_DIR/containerd.sock" --namespace k8s.io images import - \
       >"$LOGS_DIR/ctr-import.log" 2>&1 \
     || { tail -n 20 "$LOGS_DIR/ctr-import.log" >&2; die "importing the images into the node failed"; }
+  # ctr also names each imported image by its digest; dropping those names lets containerd's garbage
+  # collector free the images this import replaced (gigabytes each).
+  local digest_names=()
+  mapfile -t digest_names < <(node_ctr images list -q | grep '^sha256:' || true)
+  (( ${#digest_names[@]} == 0 )) || node_ctr images remove "${digest_names[@]}" >/dev/null
   printf '%s\n' "$ids" >"$stamp"
   log "real node: images imported in $(( SECONDS - start ))s"
 }
