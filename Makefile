@@ -7,9 +7,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 UV_VERSION := 0.13.9
 
-.PHONY: help install demo test unit e2e soak bench bench-aiperf lint format proto models images cluster-build cluster-up cluster-down clean
+.PHONY: help install demo test unit e2e soak bench bench-aiperf lint format proto models images base-image images-test e2e-real cluster-build cluster-up cluster-down clean
 IMAGE_TAG ?= 0.1.0
-VARIANT ?= cpu
+VARIANT ?= auto
+REAL_NODE ?= 0
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -40,6 +41,9 @@ test-fast: install ## the quick loop: unit tests only (no servers on loopback, n
 e2e: install ## end-to-end tests against a real kube-apiserver (built from Go modules on first use)
 	$(BIN)/pytest e2e
 
+e2e-real: install images ## the real-pod e2e: chart, operator and a star as real pods on a real node (root, docker.io, containerd)
+	REAL_NODE=1 $(BIN)/pytest e2e/real
+
 soak: install ## long reliability runs
 	STARSD_SOAK=1 $(BIN)/pytest tests -m slow
 
@@ -65,8 +69,8 @@ lint: install ## ruff, the formatter check and mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy starsd operator/starsd_operator
-	$(BIN)/hadolint images/draft/Dockerfile images/target/Dockerfile images/operator/Dockerfile
-	$(BIN)/shellcheck -x e2e/cluster/cluster.sh e2e/cluster/lib/*.sh
+	$(BIN)/hadolint images/draft/Dockerfile images/target/Dockerfile images/operator/Dockerfile images/base/Dockerfile
+	$(BIN)/shellcheck -x e2e/cluster/cluster.sh e2e/cluster/lib/*.sh images/*.sh images/lib/*.sh
 
 format: install ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .
@@ -78,17 +82,20 @@ proto: install ## regenerate the gRPC stubs from starsd/proto/starsd.proto
 models: install ## train the shipped tokenizer and model pair into models/ (deterministic, CPU)
 	$(BIN)/starsd models train --out models
 
-images: ## build the container images (needs a Docker engine with BuildKit); VARIANT=cuda for GPUs
-	@command -v docker >/dev/null || { echo "make images needs a Docker engine"; exit 1; }
-	docker build -f images/operator/Dockerfile -t starsd/operator:$(IMAGE_TAG) .
-	docker build -f images/draft/Dockerfile --build-arg VARIANT=$(VARIANT) -t starsd/draft:$(IMAGE_TAG)$(if $(filter cuda,$(VARIANT)),-cuda) .
-	docker build -f images/target/Dockerfile --build-arg VARIANT=$(VARIANT) -t starsd/target:$(IMAGE_TAG)$(if $(filter cuda,$(VARIANT)),-cuda) .
+images: ## build the draft, target and operator images with the engine here (VARIANT=auto|cpu|cuda)
+	IMAGE_TAG=$(IMAGE_TAG) VARIANT=$(VARIANT) bash images/build.sh
+
+base-image: ## a local Python base image from Debian's packages, for machines without registry access
+	bash images/base-image.sh
+
+images-test: install images ## the images as containers: a draft and two targets on one network, lossless
+	DOCKER_HOST="$$(bash images/engine.sh)" $(BIN)/pytest -p no:cacheprovider images/smoke -v
 
 cluster-build: ## build the test cluster's binaries into ~/.cache/starsd (once per machine)
 	bash e2e/cluster/cluster.sh build
 
-cluster-up: ## start a local Kubernetes control plane (kubeconfig in .cluster/kubeconfig)
-	bash e2e/cluster/cluster.sh up
+cluster-up: $(if $(filter 1,$(REAL_NODE)),images) ## start a local Kubernetes control plane (kubeconfig in .cluster/kubeconfig); REAL_NODE=1 adds a real node
+	REAL_NODE=$(REAL_NODE) bash e2e/cluster/cluster.sh up
 
 cluster-env: ## print the exports (KUBECONFIG, PATH) of the running test cluster, to eval
 	@bash e2e/cluster/cluster.sh env

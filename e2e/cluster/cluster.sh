@@ -5,6 +5,7 @@
 #
 #   cluster.sh build        build every component into the cache (a no-op when cached)
 #   cluster.sh build-helm   build only helm (what the chart tests need)
+#   cluster.sh build-node   build the real node's kubelet, kube-proxy, CoreDNS and pause (REAL_NODE=1)
 #   cluster.sh up           build if needed, start the cluster, write .cluster/kubeconfig
 #   cluster.sh down         stop everything `up` started; safe to run at any time
 #   cluster.sh status       show what is running
@@ -16,12 +17,15 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/lib/common.sh"
 # shellcheck source=SCRIPTDIR/lib/build.sh
 source "$here/lib/build.sh"
+# shellcheck source=SCRIPTDIR/lib/node-build.sh
+source "$here/lib/node-build.sh"
 
-usage() { sed -n '6,12s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
+usage() { sed -n '6,13s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
 
 case "${1:-}" in
   build) build_all ;;
   build-helm) build_helm; printf '%s\n' "$HELM_BIN/helm" ;;
+  build-node) build_node ;;
   up|down|status|env)
     # shellcheck source=SCRIPTDIR/lib/run.sh
     source "$here/lib/run.sh"

@@ -6,6 +6,8 @@
 here_lib="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=SCRIPTDIR/pki.sh
 source "$here_lib/pki.sh"
+# shellcheck source=SCRIPTDIR/node.sh
+source "$here_lib/node.sh"
 
 PIDS_DIR="$CLUSTER_DIR/pids"
 LOGS_DIR="$CLUSTER_DIR/logs"
@@ -82,6 +84,15 @@ cluster_up() {
   trap 'log "up failed; stopping what was started"; cluster_down quiet' ERR
 
   make_pki "$PKI_DIR"
+  # REAL_NODE=1: one real node beside the fakes (lib/node.sh); the apiserver then also listens on its address.
+  local node_address="" api_node_flags=() authorization=RBAC
+  if [[ "${REAL_NODE:-0}" == 1 ]]; then
+    authorization=Node,RBAC  # the kubelet's own identity
+    node_preflight
+    node_address="$(node_ip)"
+    node_pki "$PKI_DIR" "$node_address"
+    mapfile -t api_node_flags < <(node_apiserver_flags "$PKI_DIR" "$node_address")
+  fi
   local etcd_port etcd_peer api_port cm_port sched_port kwok_port
   read -r etcd_port etcd_peer api_port cm_port sched_port kwok_port <<<"$(free_ports 6)"
   local server="https://127.0.0.1:$api_port"
@@ -104,11 +115,12 @@ cluster_up() {
   start kube-apiserver "$K8S_BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$etcd_port" \
     --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" \
     --tls-cert-file="$PKI_DIR/apiserver.crt" --tls-private-key-file="$PKI_DIR/apiserver.key" \
-    --client-ca-file="$PKI_DIR/ca.crt" --authorization-mode=RBAC \
+    --client-ca-file="$PKI_DIR/ca.crt" --authorization-mode="$authorization" \
     --service-cluster-ip-range=10.0.0.0/24 --allow-privileged=true \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$PKI_DIR/sa.pub" --service-account-signing-key-file="$PKI_DIR/sa.key" \
-    --enable-priority-and-fairness=false --profiling=false --cert-dir="$PKI_DIR/apiserver-generated"
+    --enable-priority-and-fairness=false --profiling=false --cert-dir="$PKI_DIR/apiserver-generated" \
+    "${api_node_flags[@]}"
   wait_for kube-apiserver 120 https_ok "$server/readyz"
 
   start kube-controller-manager "$K8S_BIN/kube-controller-manager" \
@@ -136,6 +148,7 @@ cluster_up() {
   "${kubectl[@]}" apply -f "$here_lib/../nodes.yaml" >/dev/null
   wait_for "fake nodes" 60 "${kubectl[@]}" wait --for=condition=Ready node --all --timeout=1s
   wait_for "default service account" 60 "${kubectl[@]}" get serviceaccount default -n default
+  [[ -z "$node_address" ]] || node_up "$server" "$node_address"
   trap - ERR
   cluster_env >"$CLUSTER_DIR/env"
   log "cluster up in $(( SECONDS - start ))s."
@@ -178,6 +191,7 @@ cluster_down() {
   for file in "$PIDS_DIR"/test-*.pid; do
     if stop_pidfile "$file" starsd; then stopped=$((stopped + 1)); fi
   done
+  node_down
   for (( i=${#COMPONENTS[@]}-1; i>=0; i-- )); do
     if stop_pidfile "$PIDS_DIR/${COMPONENTS[i]}.pid" "${COMPONENTS[i]}"; then stopped=$((stopped + 1)); fi
   done
@@ -190,7 +204,8 @@ cluster_down() {
 
 cluster_status() {
   local name pid state
-  for name in "${COMPONENTS[@]}"; do
+  for name in "${COMPONENTS[@]}" "${NODE_COMPONENTS[@]}"; do
+    [[ -f "$PIDS_DIR/$name.pid" || " ${COMPONENTS[*]} " == *" $name "* ]] || continue
     pid="$(cat "$PIDS_DIR/$name.pid" 2>/dev/null || true)"
     if [[ -n "$pid" ]] && ours "$pid" "$name"; then state="running (pid $pid)"; else state="stopped"; fi
     printf '%-24s %s\n' "$name" "$state"

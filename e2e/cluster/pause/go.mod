@@ -1,0 +1,3 @@
+module starsd.local/pause
+
+go 1.22
