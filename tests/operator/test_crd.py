@@ -259,7 +259,9 @@ def test_the_status_the_operator_writes_fits_the_schema(schema: dict[str, Any]) 
         ),
         load=load,
         decision=Decision(5, 3, "UnderLoaded", "3 -> 5 targets"),
-        rollouts=[rollout.PoolRollout("h100", rollout.HALTED, 2, "halted at revision r2: ...", "chat-target-h100-2", 1)],
+        rollouts=[
+            rollout.PoolRollout("h100", rollout.HALTED, 2, "halted at revision r2: ...", "chat-target-h100-2", 1)
+        ],
     )
     built = status.build(obs, {"observedGeneration": 2}, datetime(2026, 1, 1, tzinfo=UTC))
     status_schema = copy.deepcopy(schema["properties"]["status"])
