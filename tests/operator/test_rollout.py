@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from starsd_operator import constants as c
-from starsd_operator import rollout
+from starsd_operator import podspec, rollout, targets
 from starsd_operator.rollout import HALTED, HELD, ROLLING, SETTLED, SETTLING, PoolView, Timing
 from starsd_operator.spec import SpecError, parse
 
@@ -348,3 +348,27 @@ def test_the_crd_declares_the_operators_rollout_defaults() -> None:
     assert props["progressDeadlineSeconds"]["default"] == rollout.DEFAULT_PROGRESS_DEADLINE_SECONDS
     assert props["minReadySeconds"]["maximum"] == rollout.MAX_MIN_READY_SECONDS
     assert props["progressDeadlineSeconds"]["maximum"] == rollout.MAX_PROGRESS_DEADLINE_SECONDS
+
+
+def test_the_statefulset_carries_its_partition_min_ready_and_a_hash_that_only_the_template_moves() -> None:
+    spec = parse(f.spec(target={"model": {"path": "/m"}, "rollout": {"minReadySeconds": 15}}))
+    pool = spec.pools[0]
+
+    def build(s: Any = spec, replicas: int = 2, partition: int = 0) -> dict[str, Any]:
+        return targets.statefulset(f.OWNER, s, pool, replicas, podspec.Images(), partition)
+
+    base = build()
+    assert base["spec"]["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}
+    assert base["spec"]["minReadySeconds"] == 15
+    assert build(partition=1)["spec"]["updateStrategy"]["rollingUpdate"]["partition"] == 1
+
+    def hash_of(obj: dict[str, Any]) -> str:
+        return str(obj["metadata"]["annotations"][rollout.ANNOTATION_TEMPLATE_HASH])
+
+    assert hash_of(base) == rollout.template_hash(base["spec"]["template"])
+    # Scaling and stepping are not template changes; a new model or image is.
+    assert hash_of(build(replicas=5, partition=3)) == hash_of(base)
+    moved = parse(f.spec(target={"model": {"path": "/m2"}, "rollout": {"minReadySeconds": 15}}))
+    assert hash_of(build(moved)) != hash_of(base)
+    imaged = parse(f.spec(target={"model": {"path": "/m"}, "image": "r/t:2", "rollout": {"minReadySeconds": 15}}))
+    assert hash_of(build(imaged)) != hash_of(base)
