@@ -197,7 +197,8 @@ def plan(pools: Sequence[PoolView], timing: Timing) -> list[PoolRollout]:
             continue
         if f.pending is None:  # the StatefulSet controller has not seen the last write: change nothing
             state = pool.previous_state or SETTLED
-            out.append(PoolRollout(pool.name, state, f.partition, f"pool {pool.name}: waiting for its controller"))
+            message = "waiting for the StatefulSet controller to observe the last change"
+            out.append(PoolRollout(pool.name, state, f.partition, message))
             if state != SETTLED and blocker is None:
                 blocker = out[-1]
             continue
@@ -358,8 +359,8 @@ def transitions(previous: Mapping[str, str | None], rollouts: Sequence[PoolRollo
         if r.state == HALTED:
             out.append(Transition("Warning", c.EVENT_POOL_ROLLOUT_HALTED, f"pool {r.name} {r.message}"))
         elif r.state == ROLLING:
-            verb = "resumed" if was == HALTED else "rolling"
-            out.append(Transition("Normal", c.EVENT_POOL_ROLLING, f"pool {r.name} {verb}: {r.message}"))
+            head = f"pool {r.name} resumed" if was == HALTED else f"pool {r.name}"
+            out.append(Transition("Normal", c.EVENT_POOL_ROLLING, f"{head}: {r.message}"))
         elif r.state == HELD:
             out.append(Transition("Normal", c.EVENT_POOL_ROLLOUT_HELD, f"pool {r.name} {r.message}"))
         elif r.state == SETTLED and was in (ROLLING, HALTED, SETTLING, HELD):
