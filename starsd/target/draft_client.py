@@ -78,7 +78,6 @@ class DraftClient:
         self._pending: dict[tuple[int, int], asyncio.Future[pb.ProposeResponse | None]] = {}
         self._task: asyncio.Task[None] | None = None
         self._session_ids = itertools.count(int.from_bytes(os.urandom(4), "big") << 20 | 1)
-        self._connected_event = asyncio.Event()
         self.demand: Callable[[], Demand] = Demand  # the engine sets its own reader
 
     def _channel(self) -> grpc.aio.Channel:
@@ -101,13 +100,6 @@ class DraftClient:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    async def wait_connected(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self._connected_event.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
-
     def new_session_id(self) -> int:
         return next(self._session_ids)
 
@@ -124,7 +116,6 @@ class DraftClient:
                 call = stub.Propose(self._requests(self._queue))
                 self.generation += 1
                 self.connected = True
-                self._connected_event.set()
                 backoff = self.options.backoff_initial
                 log.info("connected to the draft %r at %s", info.model_name, self.address)
                 async for response in call:
@@ -142,7 +133,6 @@ class DraftClient:
             finally:
                 was_connected = self.connected
                 self.connected = False
-                self._connected_event.clear()
                 self._queue.put_nowait(None)
                 for future in self._pending.values():
                     if not future.done():
