@@ -20,6 +20,7 @@ from pathlib import Path
 
 import grpc
 
+from starsd import defaults
 from starsd.adaptive import AcceptanceEstimate, choose_gamma, ewma
 from starsd.proto import starsd_pb2 as pb
 from starsd.proto import starsd_pb2_grpc as pb_grpc
@@ -43,12 +44,12 @@ class Demand:
 
 @dataclass(frozen=True)
 class DraftClientOptions:
-    deadline: float = 2.0  # seconds a round waits for the draft before decoding alone
+    deadline: float = defaults.DRAFT_TIMEOUT_SECONDS  # seconds a round waits for the draft before decoding alone
     connect_timeout: float = 5.0
     backoff_initial: float = 0.1
     backoff_max: float = 2.0
     cooldown_rounds: int = 8  # rounds decoded alone after a missed deadline before asking again
-    top_k: int = 8  # support of sampled proposals
+    top_k: int = defaults.PROPOSAL_TOP_K  # support of sampled proposals
     tls_ca: Path | None = None  # PEM CA bundle: talk TLS to the draft
 
 

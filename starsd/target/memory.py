@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from starsd import defaults
+
 if TYPE_CHECKING:  # torch only when a budget is computed: the CLI imports this module's default
     import torch
 
-DEFAULT_GPU_MEMORY_FRACTION = 0.9  # --gpu-memory-fraction
+DEFAULT_GPU_MEMORY_FRACTION = defaults.GPU_MEMORY_FRACTION  # --gpu-memory-fraction
 
 
 def kv_geometry(config: Any) -> tuple[int, int, int]:

@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from starsd import __version__
+from starsd import __version__, defaults
 from starsd.sampling import SamplingParams
 from starsd.target import drain
 from starsd.target.api import (
@@ -42,9 +42,9 @@ log = logging.getLogger(__name__)
 class TargetServerOptions:
     target_id: str
     served_model: str
-    max_concurrency: int = 64  # completions at once; more are answered 429 with Retry-After
-    max_body_bytes: int = 1 << 20
-    max_tokens_cap: int = 4096
+    max_concurrency: int = defaults.TARGET_MAX_CONCURRENCY  # completions at once; more get 429 with Retry-After
+    max_body_bytes: int = defaults.MAX_BODY_BYTES
+    max_tokens_cap: int = defaults.MAX_TOKENS_CAP
     chat_template: str | None = None  # overrides the checkpoint's (``--chat-template FILE``)
 
 
