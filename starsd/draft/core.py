@@ -27,7 +27,7 @@ from starsd.proto import starsd_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TOP_K = 8
+DEFAULT_TOP_K = defaults.PROPOSAL_TOP_K  # a request that names no top_k
 MAX_TOP_K = 64
 
 

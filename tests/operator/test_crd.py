@@ -1,4 +1,5 @@
-"""crds/starsdcluster.yaml is a structural CRD that matches DESIGN.md section 4 and the operator's code."""
+"""crds/starsdcluster.yaml is a structural CRD that matches its contract (docs/architecture.md section 3) and the
+operator's code."""
 
 from __future__ import annotations
 
