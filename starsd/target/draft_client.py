@@ -90,7 +90,8 @@ class DraftClient:
 
     async def fetch_info(self, timeout: float) -> pb.InfoResponse:
         async with self._channel() as channel:
-            return await pb_grpc.DraftStub(channel).Info(pb.InfoRequest(), timeout=timeout)
+            info: pb.InfoResponse = await pb_grpc.DraftStub(channel).Info(pb.InfoRequest(), timeout=timeout)
+            return info
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="draft-client")

@@ -35,7 +35,8 @@ def kv_budget_tokens(loaded: Any, max_num_seqs: int, gpu_memory_fraction: float)
 
     device = loaded.device
     if device.type != "cuda":
-        return max_num_seqs * loaded.max_context
+        context: int = loaded.max_context
+        return max_num_seqs * context
     total = torch.cuda.get_device_properties(device).total_memory
     free_for_cache = total * gpu_memory_fraction - torch.cuda.memory_allocated(device)
     per_token = kv_bytes_per_token(loaded.model.config, loaded.placement.dtype)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from starsd import __version__, defaults
@@ -95,7 +96,7 @@ class TargetApp:
         return app
 
     @web.middleware
-    async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
         except RequestError as err:
