@@ -69,6 +69,12 @@ PROBE_PERIOD_SECONDS_MAX: Final = 300
 PROBE_TIMEOUT_SECONDS: Final = 2
 PROBE_TIMEOUT_SECONDS_MAX: Final = 60
 
+# Rolling a change through the pools (spec.target.rollout)
+MIN_READY_SECONDS: Final = 0  # a replaced pod counts as available after this long ready
+MIN_READY_SECONDS_MAX: Final = 3600
+PROGRESS_DEADLINE_SECONDS: Final = 600  # a pool's rollout halts when an updated pod is not ready by then
+PROGRESS_DEADLINE_SECONDS_MAX: Final = 7 * 86400
+
 # The rebalancer (spec.autoscaling)
 MIN_TARGETS: Final = 1
 MAX_TARGETS: Final = 16

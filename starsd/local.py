@@ -120,6 +120,7 @@ class LocalStar:
             self.target_model = models / "target"
         self._own_log_dir = self.log_dir is None
         self.log_dir = Path(self.log_dir or tempfile.mkdtemp(prefix="starsd-local-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)  # a --log-dir that does not exist yet is made
         self.draft_port = free_port(self.host)
         self.metrics_port = free_port(self.host)
         self.target_ports = [free_port(self.host) for _ in range(self.targets)]

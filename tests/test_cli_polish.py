@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -76,3 +77,12 @@ def test_a_reader_that_leaves_early_gets_no_traceback() -> None:
     assert proc.wait(timeout=60) == cli.EXIT_BROKEN_PIPE, stderr
     assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
     assert stderr == ""
+
+
+def test_local_makes_a_log_dir_that_does_not_exist_yet(tmp_path: Path) -> None:
+    """`starsd local --log-dir logs/run-1` on a fresh checkout: the folder is made, not a FileNotFoundError."""
+    from starsd.local import LocalStar
+
+    wanted = tmp_path / "logs" / "run-1"
+    star = LocalStar(targets=1, log_dir=wanted)
+    assert star.log_dir == wanted and wanted.is_dir()

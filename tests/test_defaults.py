@@ -75,6 +75,16 @@ EXPECTED: dict[str, dict[str, Any]] = {
     "target.maxPrefillTokens": {"default": d.MAX_PREFILL_TOKENS, "minimum": 1},
     "target.gamma": {"default": d.GAMMA},  # its range is a CEL rule (checked below)
     "target.adaptiveGamma": {"default": False},
+    "target.rollout.minReadySeconds": {
+        "default": d.MIN_READY_SECONDS,
+        "minimum": 0,
+        "maximum": d.MIN_READY_SECONDS_MAX,
+    },
+    "target.rollout.progressDeadlineSeconds": {
+        "default": d.PROGRESS_DEADLINE_SECONDS,
+        "minimum": 1,
+        "maximum": d.PROGRESS_DEADLINE_SECONDS_MAX,
+    },
     "targets.replicas": {"default": d.TARGET_REPLICAS, "minimum": 0},
     "pools[].weight": {"default": d.POOL_WEIGHT, "minimum": 0, "maximum": d.POOL_WEIGHT_MAX},
     "pools[].minReplicas": {"default": d.POOL_MIN_REPLICAS, "minimum": 0},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import grpc
 import pytest
@@ -112,6 +113,60 @@ def test_take_blocks_until_an_item_arrives() -> None:
     threading.Timer(0.05, lambda: buf.put("t", 1)).start()
     assert buf.take(4, timeout=5) == [1]
     assert buf.take(4, timeout=0.01) == []
+
+
+def _arrive_later(buf: RequestBuffer[int], target: str, items: list[int], delay: float) -> None:
+    """The rest of a burst: each arrives ``delay`` apart, announcing how many of it still follow."""
+
+    def send() -> None:
+        for i, item in enumerate(items):
+            time.sleep(delay)
+            buf.announce(target, len(items) - 1 - i)
+            buf.put(target, item)
+
+    threading.Thread(target=send, daemon=True).start()
+
+
+def test_a_batch_waits_for_the_rest_of_an_announced_burst() -> None:
+    """The first request of a burst says three more follow: the batch holds for them instead of leaving alone."""
+    buf: RequestBuffer[int] = RequestBuffer()
+    buf.announce("t", 3)
+    buf.put("t", 0)
+    _arrive_later(buf, "t", [1, 2, 3], delay=0.01)
+    started = time.monotonic()
+    assert buf.take(8, timeout=5, gather=30.0) == [0, 1, 2, 3]
+    assert time.monotonic() - started < 30.0  # it went as soon as the burst was in, not at the bound
+    assert buf.announced == 0
+
+
+def test_without_an_announcement_or_with_gather_off_a_batch_goes_at_once() -> None:
+    buf: RequestBuffer[int] = RequestBuffer()
+    buf.put("t", 0)
+    _arrive_later(buf, "t", [1], delay=0.2)
+    assert buf.take(8, timeout=5, gather=30.0) == [0]  # nothing announced
+    assert buf.take(8, timeout=5) == [1]
+    buf.announce("t", 1)
+    buf.put("t", 2)
+    assert buf.take(8, timeout=5, gather=0.0) == [2]  # announced, but this draft does not gather
+
+
+def test_gathering_stops_at_its_bound_and_when_the_target_is_gone() -> None:
+    buf: RequestBuffer[int] = RequestBuffer()
+    buf.announce("t", 5)  # five announced, none ever comes
+    buf.put("t", 0)
+    assert buf.take(8, timeout=5, gather=0.05) == [0]
+    buf.put("t", 1)
+    threading.Timer(0.05, lambda: buf.forget_target("t")).start()
+    assert buf.take(8, timeout=5, gather=30.0) == [1]
+    assert buf.announced == 0
+
+
+def test_a_full_batch_does_not_wait_for_announced_requests() -> None:
+    buf: RequestBuffer[int] = RequestBuffer()
+    for i in range(4):
+        buf.announce("t", 10 - i)
+        buf.put("t", i)
+    assert buf.take(4, timeout=5, gather=30.0) == [0, 1, 2, 3]
 
 
 def test_unknown_schedule_is_refused() -> None:

@@ -3,6 +3,7 @@ and the draw that both sides use."""
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import pytest
@@ -93,3 +94,24 @@ def test_the_draft_runner_seeds_its_sessions_with_the_draft_stream() -> None:
     assert draws == [sample(probs, expected) for _ in range(5)]
     target = target_generator(1234)
     assert draws != [sample(probs, target) for _ in range(5)]
+
+
+def test_each_request_on_the_stream_says_how_many_of_its_burst_follow() -> None:
+    """A step's sessions ask the draft together; each request carries the count still queued behind it."""
+    from starsd.target.draft_client import DraftClient
+
+    async def sent() -> list[tuple[int, int]]:
+        queue: asyncio.Queue[pb.ProposeRequest | None] = asyncio.Queue()
+        for i in range(1, 4):
+            queue.put_nowait(pb.ProposeRequest(target_id="t", session_id=i, seq=1))
+        out = []
+        stream = DraftClient._requests(queue)
+        for _ in range(3):
+            req = await anext(stream)
+            out.append((req.session_id, req.following))
+        queue.put_nowait(pb.ProposeRequest(target_id="t", session_id=9, seq=2))  # a later, lone request
+        req = await anext(stream)
+        out.append((req.session_id, req.following))
+        return out
+
+    assert asyncio.run(sent()) == [(1, 2), (2, 1), (3, 0), (9, 0)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from . import disruption, draft, network, podtemplate, pools, targets
@@ -10,19 +11,22 @@ from .podspec import Images
 from .spec import ClusterSpec, SpecError
 
 
-def desired(owner: Owner, spec: ClusterSpec, images: Images) -> list[dict[str, Any]]:
+def desired(
+    owner: Owner, spec: ClusterSpec, images: Images, partitions: Mapping[str, int] | None = None
+) -> list[dict[str, Any]]:
     """The draft's Deployment, Service, NetworkPolicy and PodDisruptionBudget, per pool a StatefulSet,
     headless Service and (with replicas) PodDisruptionBudget, and the client Service; Services come before
-    the workloads that use their names.
+    the workloads that use their names. ``partitions`` holds each pool's StatefulSet partition (see
+    :mod:`.rollout`; 0 when absent).
 
     A pod template that asks for the star's own fields raises :class:`SpecError` naming the field."""
     try:
-        return _desired(owner, spec, images)
+        return _desired(owner, spec, images, partitions or {})
     except podtemplate.TemplateError as exc:
         raise SpecError(str(exc)) from None
 
 
-def _desired(owner: Owner, spec: ClusterSpec, images: Images) -> list[dict[str, Any]]:
+def _desired(owner: Owner, spec: ClusterSpec, images: Images, partitions: Mapping[str, int]) -> list[dict[str, Any]]:
     split = pools.split(spec.replicas, spec.pools)
     objs: list[dict[str, Any]] = [
         draft.service(owner),
@@ -33,7 +37,7 @@ def _desired(owner: Owner, spec: ClusterSpec, images: Images) -> list[dict[str, 
     objs.append(disruption.draft_budget(owner, spec.draft.disruption))
     for pool in spec.pools:
         objs.append(targets.headless_service(owner, pool))
-        objs.append(targets.statefulset(owner, spec, pool, split[pool.name], images))
+        objs.append(targets.statefulset(owner, spec, pool, split[pool.name], images, partitions.get(pool.name, 0)))
         if split[pool.name] > 0:  # none over no pods; the reconcile deletes one left from before
             objs.append(disruption.pool_budget(owner, pool.name, pool.disruption))
     return objs

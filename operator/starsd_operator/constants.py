@@ -55,6 +55,7 @@ COND_DRAFT_READY: Final = "DraftReady"
 COND_TARGETS_READY: Final = "TargetsReady"
 COND_REBALANCING: Final = "Rebalancing"
 COND_STAR_CONNECTED: Final = "StarConnected"
+COND_ROLLOUT_PROGRESSING: Final = "RolloutProgressing"
 
 # The Event reason of every rebalancing decision that changes the target count.
 EVENT_REBALANCED: Final = "Rebalanced"
@@ -65,3 +66,8 @@ EVENT_SCALED: Final = "Scaled"
 EVENT_DELETED: Final = "Deleted"
 # Warning Events, each posted once while its cause lasts.
 EVENT_LOAD_URL_IGNORED: Final = "LoadURLIgnored"
+# A pool's rollout changing state (rollout.py): rolling, held behind an earlier pool, halted, done.
+EVENT_POOL_ROLLING: Final = "PoolRolling"
+EVENT_POOL_ROLLOUT_HELD: Final = "PoolRolloutHeld"
+EVENT_POOL_ROLLOUT_HALTED: Final = "PoolRolloutHalted"
+EVENT_POOL_ROLLED_OUT: Final = "PoolRolledOut"

@@ -8,12 +8,13 @@ Events to post; kopf's handlers (:mod:`.handlers`) only adapt these to kopf.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from . import children, churn, conditions, imagepolicy, loadclient, naming, pools, rebalancer, status
+from . import children, churn, conditions, imagepolicy, loadclient, naming, pools, rebalancer, rollout, status
 from . import constants as c
 from .kube import Kube, KubeError
 from .naming import Owner
@@ -68,9 +69,12 @@ def owner_of(body: Mapping[str, Any]) -> Owner:
     return Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
 
 
-def reconcile(kube: Kube, body: Mapping[str, Any], config: Config, memory: Memory) -> list[Event]:
+def reconcile(
+    kube: Kube, body: Mapping[str, Any], config: Config, memory: Memory, *, now: float | None = None
+) -> list[Event]:
     """Apply every desired child, then delete the pools' children the spec no longer lists; returns the
-    Normal Events of what changed (children created, workloads scaled, stale children deleted).
+    Normal Events of what changed (children created, workloads scaled, stale children deleted). Each pool's
+    StatefulSet gets the partition :mod:`.rollout` decides from what runs now (``now``: the clock, seconds).
 
     Raises :class:`SpecError` or :class:`KubeError`; the error is also kept in ``memory`` so the next tick
     reports it in ``Ready``.
@@ -81,7 +85,10 @@ def reconcile(kube: Kube, body: Mapping[str, Any], config: Config, memory: Memor
         spec = parse(body.get("spec") or {})
         before = _existing(kube, owner)
         images = cluster_images(owner, spec, body, config, before)
-        wanted = children.desired(owner, spec, images)
+        pods = kube.list("Pod", owner.namespace, naming.owned_selector(owner, c.COMPONENT_TARGET))
+        sets = [obj for (kind, _), obj in before.items() if kind == "StatefulSet"]
+        plan = plan_rollouts(owner, spec, body, children.desired(owner, spec, images), sets, pods, now or time.time())
+        wanted = children.desired(owner, spec, images, {r.name: r.partition for r in plan})
         for obj in wanted:
             kube.apply(obj)
         events = change_events(before, wanted)
@@ -171,6 +178,96 @@ def _delete_stale(kube: Kube, owner: Owner, wanted: list[dict[str, Any]]) -> lis
     return events
 
 
+def plan_rollouts(
+    owner: Owner,
+    spec: ClusterSpec,
+    body: Mapping[str, Any],
+    wanted: Iterable[Mapping[str, Any]],
+    statefulsets: Iterable[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+    now: float,
+) -> list[rollout.PoolRollout]:
+    """Each pool's rollout (see :mod:`.rollout`), from the desired StatefulSets (their template hashes and
+    replicas), the ones that exist, the pools' pods and the states the stored status holds."""
+    desired = {str(o["metadata"]["name"]): o for o in wanted if o.get("kind") == "StatefulSet"}
+    existing = {str((o.get("metadata") or {}).get("name")): o for o in statefulsets}
+    observed = status.Children(pods=pods)
+    previous = previous_rollouts(body)
+    views = []
+    for pool in spec.pools:
+        name = naming.pool_name(owner, pool.name)
+        sts = desired[name]
+        views.append(
+            rollout.PoolView(
+                name=pool.name,
+                replicas=int(sts["spec"]["replicas"]),
+                template_hash=str(sts["metadata"]["annotations"][rollout.ANNOTATION_TEMPLATE_HASH]),
+                statefulset=existing.get(name),
+                pods=observed.pods_of(c.COMPONENT_TARGET, pool.name),
+                previous_state=previous.get(pool.name),
+            )
+        )
+    policy = spec.target.rollout
+    timing = rollout.Timing(
+        now=now,
+        min_ready_seconds=policy.min_ready_seconds,
+        deadline_seconds=rollout.effective_deadline(policy, spec.target.lifecycle.startup_seconds),
+    )
+    return rollout.plan(views, timing)
+
+
+def previous_rollouts(body: Mapping[str, Any]) -> dict[str, str | None]:
+    """Pool name -> the rollout state the stored status holds."""
+    rows = ((body.get("status") or {}).get("targets") or {}).get("pools") or []
+    return {str(r.get("name")): (r.get("rollout") or {}).get("state") for r in rows if isinstance(r, Mapping)}
+
+
+def _step_rollouts(
+    kube: Kube,
+    body: Mapping[str, Any],
+    config: Config,
+    memory: Memory,
+    spec: ClusterSpec,
+    observed: status.Children,
+    now: float,
+) -> tuple[list[rollout.PoolRollout] | None, list[Event]]:
+    """The pools' rollouts now, and the Events of their changes; when a partition should move (a pod came up
+    on the new revision, a pool's turn came, a rollout halted), the StatefulSets are applied again. Nothing
+    is applied while a reconcile of this generation is pending or has failed (the handler owns those)."""
+    owner = owner_of(body)
+    existing = {("StatefulSet", str((o.get("metadata") or {}).get("name"))): o for o in observed.statefulsets}
+    existing.update({("Deployment", str((o.get("metadata") or {}).get("name"))): o for o in observed.deployments})
+    try:
+        images = cluster_images(owner, spec, body, config, existing)
+        wanted = children.desired(owner, spec, images)
+    except SpecError:
+        return None, []
+    plan = plan_rollouts(owner, spec, body, wanted, observed.statefulsets, observed.pods, now)
+    events = [Event(t.type, t.reason, t.message) for t in rollout.transitions(previous_rollouts(body), plan)]
+    meta = body["metadata"]
+    current = (body.get("status") or {}).get("observedGeneration") == meta.get("generation")
+    if not current or memory.reconcile_error is not None or meta.get("deletionTimestamp"):
+        return plan, events
+    moved = [
+        r.name
+        for r in plan
+        if (sts := existing.get(("StatefulSet", naming.pool_name(owner, r.name)))) is not None
+        and _partition(sts) != r.partition
+    ]
+    if moved:
+        log.info("%s/%s: moving the rollout partition of pools %s", owner.namespace, owner.name, ", ".join(moved))
+        try:
+            events += reconcile(kube, body, config, memory, now=now)
+        except (SpecError, KubeError) as exc:
+            log.warning("stepping the rollout of %s/%s failed: %s", owner.namespace, owner.name, exc)
+    return plan, events
+
+
+def _partition(sts: Mapping[str, Any]) -> int:
+    strategy = (sts.get("spec") or {}).get("updateStrategy") or {}
+    return int((strategy.get("rollingUpdate") or {}).get("partition") or 0)
+
+
 def observe(kube: Kube, owner: Owner) -> status.Children:
     """The cluster's workloads and pods, by label."""
     return status.Children(
@@ -229,8 +326,11 @@ def tick(
         spec, spec_error = None, str(exc)
     observed = observe(kube, owner)
     events: list[Event] = []
+    plan: list[rollout.PoolRollout] | None = None
     if spec is not None:
         observed, events = _repair(kube, body, config, memory, spec, observed, previous.get("observedGeneration"))
+        plan, stepped = _step_rollouts(kube, body, config, memory, spec, observed, now.timestamp())
+        events += stepped
     error = memory.reconcile_error
     obs = status.Observation(
         owner=owner,
@@ -239,6 +339,7 @@ def tick(
         children=observed,
         spec_error=spec_error,
         reconcile_error=error[1] if error and error[0] == generation else None,
+        rollouts=plan,
     )
     if spec is not None:
         obs, rebalanced = _rebalance(kube, body, memory, spec, obs, now=now, fetch=fetch, config=config)

@@ -13,11 +13,12 @@ from typing import Any
 
 from starsd import defaults
 
-from . import disruption, lifecycle, modelsource, podtemplate
+from . import disruption, lifecycle, modelsource, podtemplate, rollout
 from .disruption import Disruption
 from .lifecycle import Lifecycle
 from .modelsource import ModelSource
 from .podtemplate import PodTemplate
+from .rollout import Policy as RolloutPolicy
 
 # Defaults and limits: starsd.defaults (crds/starsdcluster.yaml declares the same; tests/test_defaults.py checks).
 
@@ -59,6 +60,7 @@ class TargetSpec:
     kv_cache_tokens: int | None = None  # None: the target sizes its cache (a GPU's memory, or full contexts)
     max_prefill_tokens: int = defaults.MAX_PREFILL_TOKENS
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
+    rollout: RolloutPolicy = field(default_factory=RolloutPolicy)  # how a change rolls (see .rollout)
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,7 @@ def parse(spec: Mapping[str, Any]) -> ClusterSpec:
             kv_cache_tokens=_int(target, "kvCacheTokens", "spec.target", 0, minimum=0) or None,
             max_prefill_tokens=_int(target, "maxPrefillTokens", "spec.target", defaults.MAX_PREFILL_TOKENS, minimum=1),
             lifecycle=_lifecycle(target, "spec.target"),
+            rollout=_rollout(target, "spec.target"),
         ),
         replicas=_int(targets, "replicas", "spec.targets", defaults.TARGET_REPLICAS, minimum=0),
         pools=pools,
@@ -282,6 +285,13 @@ def _lifecycle(parent: Mapping[str, Any], where: str) -> Lifecycle:
     try:
         return lifecycle.parse(parent, where)
     except lifecycle.LifecycleError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def _rollout(parent: Mapping[str, Any], where: str) -> RolloutPolicy:
+    try:
+        return rollout.parse(parent, where)
+    except rollout.RolloutError as exc:
         raise SpecError(str(exc)) from None
 
 

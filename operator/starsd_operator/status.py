@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from . import constants as c
-from . import diagnose, naming, pools
+from . import diagnose, naming, pools, rollout
 from .conditions import Condition, render, timestamp
 from .naming import Owner
 from .rebalancer import CONVERGENCE_TIMEOUT, EXTERNAL_AUTOSCALER, NOT_CONVERGED, Decision, Load
@@ -53,6 +53,7 @@ class Observation:
     load_error: str | None = None
     decision: Decision | None = None
     external_autoscaler: str | None = None  # the HPA that scales this cluster, if any
+    rollouts: Sequence[rollout.PoolRollout] | None = None  # each pool's rollout (None: not decided)
 
 
 @dataclass(frozen=True)
@@ -86,9 +87,15 @@ def build(obs: Observation, previous: Mapping[str, Any], now: datetime) -> dict[
     draft_cond = Condition(c.COND_DRAFT_READY, False, "InvalidSpec", obs.spec_error or "")
     targets_cond = Condition(c.COND_TARGETS_READY, False, "InvalidSpec", obs.spec_error or "")
     star_cond = Condition(c.COND_STAR_CONNECTED, False, "InvalidSpec", obs.spec_error or "")
+    rollout_cond = Condition(c.COND_ROLLOUT_PROGRESSING, False, "InvalidSpec", obs.spec_error or "", unknown=True)
+    if obs.rollouts is not None:
+        rollout_cond = rollout.condition(obs.rollouts)
+    elif obs.spec is not None:
+        why = obs.reconcile_error or "the pools' templates cannot be built"
+        rollout_cond = Condition(c.COND_ROLLOUT_PROGRESSING, False, "Unknown", why, unknown=True)
     if obs.spec is not None:
         draft_cond, out["draft"] = _draft(obs)
-        targets_cond, out["targets"] = _targets(owner, obs.spec, obs.children)
+        targets_cond, out["targets"] = _targets(owner, obs.spec, obs.children, obs.rollouts)
         star_cond = _star(obs, out["targets"]["readyReplicas"])
         if obs.load is not None:
             out["targets"]["connected"] = obs.load.targets
@@ -108,6 +115,7 @@ def build(obs: Observation, previous: Mapping[str, Any], now: datetime) -> dict[
         targets_cond,
         star_cond,
         _rebalancing(obs, out.get("lastRebalance")),
+        rollout_cond,
     ]
     generation = obs.generation if obs.spec is not None else None
     out["conditions"] = render(wanted, previous.get("conditions"), generation=generation, now=now)
@@ -165,8 +173,11 @@ def _draft(obs: Observation) -> tuple[Condition, dict[str, Any]]:
     return cond, {k: v for k, v in draft.items() if v is not None}
 
 
-def _targets(owner: Owner, spec: ClusterSpec, children: Children) -> tuple[Condition, dict[str, Any]]:
+def _targets(
+    owner: Owner, spec: ClusterSpec, children: Children, rollouts: Sequence[rollout.PoolRollout] | None = None
+) -> tuple[Condition, dict[str, Any]]:
     split = pools.split(spec.replicas, spec.pools)
+    rolls = {r.name: r for r in rollouts or ()}
     pool_status: list[dict[str, Any]] = []
     missing: list[str] = []
     complete = True
@@ -177,14 +188,16 @@ def _targets(owner: Owner, spec: ClusterSpec, children: Children) -> tuple[Condi
         if not progress.exists:
             missing.append(sts_name)
         complete = complete and progress.complete
-        pool_status.append(
-            {
-                "name": pool.name,
-                "replicas": progress.replicas,
-                "readyReplicas": progress.ready,
-                "desiredReplicas": split[pool.name],
-            }
-        )
+        row: dict[str, Any] = {
+            "name": pool.name,
+            "replicas": progress.replicas,
+            "readyReplicas": progress.ready,
+            "updatedReplicas": progress.updated,
+            "desiredReplicas": split[pool.name],
+        }
+        if pool.name in rolls:
+            row["rollout"] = rollout.status_entry(rolls[pool.name])
+        pool_status.append(row)
     counts = target_counts(owner, spec, children)
     summary: dict[str, Any] = {
         "replicas": counts.replicas,

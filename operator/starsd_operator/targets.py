@@ -5,15 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from . import constants as c
-from . import naming, podspec, podtemplate
+from . import naming, podspec, podtemplate, rollout
 from .naming import Owner
 from .spec import ClusterSpec, PoolSpec
 
 
 def statefulset(
-    owner: Owner, spec: ClusterSpec, pool: PoolSpec, replicas: int, images: podspec.Images
+    owner: Owner, spec: ClusterSpec, pool: PoolSpec, replicas: int, images: podspec.Images, partition: int = 0
 ) -> dict[str, Any]:
-    """The pool's targets; ``replicas`` is the pool's share of the total (see :mod:`.pools`)."""
+    """The pool's targets; ``replicas`` is the pool's share of the total (see :mod:`.pools`), ``partition`` the
+    lowest ordinal that runs this template (see :mod:`.rollout`). The template's hash is kept in an annotation,
+    so the next change knows which pools it changes before the StatefulSet controller has seen it."""
     target = spec.target
     model = pool.model or target.model  # a pool may run its own copy (another quantisation, say)
     name = naming.pool_name(owner, pool.name)
@@ -53,27 +55,32 @@ def statefulset(
         lc=target.lifecycle,
         drain=True,
     )
+    template = podtemplate.merge(
+        {
+            "metadata": {"labels": naming.labels(owner, c.COMPONENT_TARGET, pool.name)},
+            "spec": podspec.pod_spec(
+                container_spec=container, model=model, placement=pool.placement, lc=target.lifecycle
+            ),
+        },
+        pool.pod_template,
+    )
+    metadata = naming.metadata(owner, name, c.COMPONENT_TARGET, pool.name)
+    metadata["annotations"] = {rollout.ANNOTATION_TEMPLATE_HASH: rollout.template_hash(template)}
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": naming.metadata(owner, name, c.COMPONENT_TARGET, pool.name),
+        "metadata": metadata,
         "spec": {
             "replicas": replicas,
             "serviceName": name,
             # Targets are independent of each other: start and stop them all at once.
             "podManagementPolicy": "Parallel",
-            "updateStrategy": {"type": "RollingUpdate"},
+            # A change rolls one pool at a time, one pod at a time: the operator moves the partition.
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": partition}},
+            "minReadySeconds": target.rollout.min_ready_seconds,
             "revisionHistoryLimit": 5,
             "selector": {"matchLabels": naming.selector_labels(owner, c.COMPONENT_TARGET, pool.name)},
-            "template": podtemplate.merge(
-                {
-                    "metadata": {"labels": naming.labels(owner, c.COMPONENT_TARGET, pool.name)},
-                    "spec": podspec.pod_spec(
-                        container_spec=container, model=model, placement=pool.placement, lc=target.lifecycle
-                    ),
-                },
-                pool.pod_template,
-            ),
+            "template": template,
         },
     }
 

@@ -4,6 +4,11 @@ Policies:
 * ``fifo``: arrival order, as in the StarSD paper.
 * ``fair``: round-robin over targets (optionally weighted), so that a target with many sessions cannot crowd
   out targets with few: each pass gives every waiting target up to ``weight`` requests in turn.
+
+A target's requests come in bursts (the sessions of one verification step ask together), and each says how many
+of its burst follow it (``following``). ``take`` can hold a batch up to ``gather`` seconds for the requests still
+announced, so that a burst drafts as one batch rather than its first request alone and then the rest; with
+nothing announced it takes at once.
 """
 
 from __future__ import annotations
@@ -32,9 +37,23 @@ class RequestBuffer(Generic[T]):
         self._credit: dict[str, int] = {}
         self._size = 0
         self._closed = False
+        self._announced: dict[str, int] = {}  # per target: requests its latest request said follow it
 
     def __len__(self) -> int:
         return self._size
+
+    @property
+    def announced(self) -> int:
+        """Requests announced by the targets and not yet arrived."""
+        return sum(self._announced.values())
+
+    def announce(self, target_id: str, following: int) -> None:
+        """A request of ``target_id`` arrived (queued or not) saying ``following`` more of its burst come next."""
+        with self._cond:
+            if following > 0:
+                self._announced[target_id] = following
+            elif self._announced.pop(target_id, None):
+                self._cond.notify_all()
 
     def put(self, target_id: str, item: T) -> None:
         with self._cond:
@@ -44,6 +63,12 @@ class RequestBuffer(Generic[T]):
                 self._queues.setdefault(target_id, deque()).append(item)
             self._size += 1
             self._cond.notify()
+
+    def forget_target(self, target_id: str) -> None:
+        """The target is gone: nothing more of its burst will arrive."""
+        with self._cond:
+            if self._announced.pop(target_id, None):
+                self._cond.notify_all()
 
     def discard(self, drop: Callable[[T], bool]) -> int:
         """Remove every waiting item for which ``drop`` is true (their target is gone); returns how many."""
@@ -65,11 +90,16 @@ class RequestBuffer(Generic[T]):
             self._closed = True
             self._cond.notify_all()
 
-    def take(self, max_items: int, timeout: float | None = None) -> list[T]:
-        """Block until something waits (or timeout/close), then take up to ``max_items`` by the policy."""
+    def take(self, max_items: int, timeout: float | None = None, gather: float = 0.0) -> list[T]:
+        """Block until something waits (or timeout/close), then take up to ``max_items`` by the policy, after
+        waiting up to ``gather`` seconds more while requests announced by a burst are still on their way."""
         with self._cond:
             if not self._cond.wait_for(lambda: self._size > 0 or self._closed, timeout=timeout):
                 return []
+            if gather > 0 and max_items > 1:
+                self._cond.wait_for(
+                    lambda: self._size >= max_items or not self._announced or self._closed, timeout=gather
+                )
             items: list[T] = []
             while self._size and len(items) < max_items:
                 items.append(self._pop())

@@ -39,6 +39,7 @@ class DraftConfig:
     max_batch: int = 1  # requests drafted together in one step
     schedule: str = defaults.DRAFT_SCHEDULES[0]  # fifo | fair
     load_window: float = 10.0
+    gather_seconds: float = 0.003  # the longest a batch waits for the rest of a burst (see starsd.draft.buffer)
 
 
 @dataclass(eq=False)
@@ -164,6 +165,7 @@ class DraftCore:
         freed = self.sessions.release_owner(stream)
         if stream.target_id:
             self.load.forget_target(stream.target_id)
+            self.buffer.forget_target(stream.target_id)
         self.metrics.targets.set(len(self.streams))
         self.metrics.sessions.set(len(self.sessions))
         if freed:
@@ -176,6 +178,7 @@ class DraftCore:
         if stream.target_id and req.target_id != stream.target_id:
             raise StreamAborted(f"target_id changed on one stream ({stream.target_id!r} -> {req.target_id!r})")
         stream.target_id = req.target_id
+        self.buffer.announce(req.target_id, int(req.following))
         key = (req.target_id, int(req.session_id))
         try:
             info = self.proposer.info
@@ -213,7 +216,7 @@ class DraftCore:
 
     def _compute_loop(self) -> None:
         while not self._stopping.is_set():
-            batch = self.buffer.take(self.config.max_batch, timeout=0.5)
+            batch = self.buffer.take(self.config.max_batch, timeout=0.5, gather=self.config.gather_seconds)
             if batch:
                 self._compute(batch)
                 continue

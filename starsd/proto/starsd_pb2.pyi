@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("target_id", "session_id", "seq", "tokens", "gamma", "temperature", "top_p", "top_k", "seed", "release", "verify_seconds", "rtt_seconds", "sample", "running_requests", "waiting_requests", "occupancy")
+    __slots__ = ("target_id", "session_id", "seq", "tokens", "gamma", "temperature", "top_p", "top_k", "seed", "release", "verify_seconds", "rtt_seconds", "sample", "running_requests", "waiting_requests", "occupancy", "following")
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,7 @@ class ProposeRequest(_message.Message):
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     OCCUPANCY_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWING_FIELD_NUMBER: _ClassVar[int]
     target_id: str
     session_id: int
     seq: int
@@ -40,7 +41,8 @@ class ProposeRequest(_message.Message):
     running_requests: int
     waiting_requests: int
     occupancy: float
-    def __init__(self, target_id: _Optional[str] = ..., session_id: _Optional[int] = ..., seq: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., gamma: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., release: _Optional[bool] = ..., verify_seconds: _Optional[float] = ..., rtt_seconds: _Optional[float] = ..., sample: _Optional[bool] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., occupancy: _Optional[float] = ...) -> None: ...
+    following: int
+    def __init__(self, target_id: _Optional[str] = ..., session_id: _Optional[int] = ..., seq: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., gamma: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., release: _Optional[bool] = ..., verify_seconds: _Optional[float] = ..., rtt_seconds: _Optional[float] = ..., sample: _Optional[bool] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., occupancy: _Optional[float] = ..., following: _Optional[int] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
     __slots__ = ("target_id", "session_id", "seq", "token_ids", "q_ids", "q_probs", "top_k", "service_seconds", "error_code", "error_message", "draft_sessions", "queue_seconds")

@@ -152,6 +152,7 @@ class DraftClient:
             req = await queue.get()
             if req is None:
                 return
+            req.following = queue.qsize()  # the rest of this burst, already queued (see the proto)
             yield req
 
     def send(self, req: pb.ProposeRequest) -> asyncio.Future[pb.ProposeResponse | None] | None:

@@ -205,6 +205,7 @@ class TargetEngine:
             ends = controls.end_ids(self.loaded.eos_token_id)
             rules = controls.rules(self.loaded.eos_token_id)
             chunk = self.batching.max_prefill_tokens
+            cohort = -1  # no step yet: nobody waits for this session's first row
             while session.uncached > chunk:  # a long prompt: all but its last chunk, a chunk per step
                 await self.scheduler.run(StepRow(session, prefill=chunk), cost=chunk)
             while stats.generated_tokens < max_tokens:
@@ -216,7 +217,8 @@ class TargetEngine:
                 proposal = None
                 if link is not None and gamma > 0:
                     sent = time.perf_counter()
-                    proposal = await link.propose(session.committed, gamma, self.step_seconds)
+                    with self.scheduler.expect(cohort):  # this session's step-mates wait a little for its row
+                        proposal = await link.propose(session.committed, gamma, self.step_seconds)
                     if proposal is not None:
                         self.metrics.draft_rtt_seconds.observe(time.perf_counter() - sent)
                     elif link.malformed:
@@ -225,7 +227,8 @@ class TargetEngine:
                 row = self._row(session, proposal, gamma, params, generator)
                 row.process = round_processor(rules, prompt, stats.token_ids, row.drafts)
                 row.logprobs = controls.logprobs
-                outcome = await self.scheduler.run(row, cost=session.uncached + len(row.drafts))
+                outcome = await self.scheduler.run(row, cost=session.uncached + len(row.drafts), cohort=cohort)
+                cohort = self.scheduler.finished_steps  # the step this row just ran in
                 drafted = len(row.drafts)
                 if proposal is not None and link is not None:
                     link.acceptance.update(outcome.accepted, drafted)

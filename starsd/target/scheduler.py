@@ -4,8 +4,17 @@
 due, or whose prompt needs prefill) and runs them as one step on the model thread as soon as the previous step
 ends; rows that arrive meanwhile join the next step. A step starts one event-loop turn after it could: the
 sessions of the step that just ended resume in that turn and queue their next rounds, so they run together
-instead of the first one to resume running alone. A session waiting for its draft is simply not in the
-queue, so it never holds up the others, and a finished or cancelled session leaves at once.
+instead of the first one to resume running alone. A finished or cancelled session leaves at once.
+
+Rows whose draft proposals are on their way are waited for, briefly. A step's cost hardly grows with its rows
+(the weights are read once per step, on a GPU as on a CPU), so a step that starts with the first rows whose
+proposals came back, leaving the rest for the step after, spends two steps where one would do, and the
+sessions drift apart into ever smaller steps. The sessions of one step form a *cohort*: they ask the draft
+together, and it answers them together (see starsd.draft.buffer). A session announces its row with
+:meth:`StepScheduler.expect` before it asks the draft, and a step holds back while a ready row's cohort still has
+rows on their way, until they are in, the step is full, or the ready rows have waited about one step's time.
+Other cohorts (sessions whose proposals went out later, while this cohort's step ran) are not waited for: they
+run in the next step, so that the model verifies one cohort while the draft drafts for another.
 
 :class:`KvBudget` admits completions: at most ``max_num_seqs`` run at once, and the key/value pool that holds
 them stays within ``kv_tokens``. The pool gives every running completion a slot as long as the longest one's
@@ -18,8 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -37,6 +47,7 @@ class _Pending(Generic[Row, Outcome]):
     row: Row
     future: asyncio.Future[Outcome]
     cost: int  # tokens the row feeds (prefill budget)
+    cohort: int | None = None  # the step the row's session ran in last (see the module docstring)
 
 
 class StepScheduler(Generic[Row, Outcome]):
@@ -53,6 +64,7 @@ class StepScheduler(Generic[Row, Outcome]):
         max_num_seqs: int,
         max_step_tokens: int,
         on_step: Callable[[int, float], None] | None = None,
+        max_gather_seconds: float = 0.05,
     ) -> None:
         self._run_step = run_step
         self._executor = executor
@@ -62,17 +74,37 @@ class StepScheduler(Generic[Row, Outcome]):
         self._queue: collections.deque[_Pending[Row, Outcome]] = collections.deque()
         self._running = False
         self._start_soon = False  # a start is scheduled for the next event-loop turn
+        self.max_gather_seconds = max_gather_seconds  # the longest a ready row waits for its cohort
+        self.finished_steps = 0  # steps run so far: a step's number is its rows' next cohort
+        self._expected: collections.Counter[int] = collections.Counter()  # cohort -> rows on their way
+        self._last_step_seconds = 0.0
+        self._gather_deadline: float | None = None  # when the ready rows stop waiting for incoming ones
+        self._gather_timer: asyncio.TimerHandle | None = None
 
     @property
     def waiting(self) -> int:
         return len(self._queue)
 
-    async def run(self, row: Row, cost: int) -> Outcome:
-        """Run ``row`` in the next step that has room; ``cost`` is the number of tokens it feeds."""
+    async def run(self, row: Row, cost: int, cohort: int | None = None) -> Outcome:
+        """Run ``row`` in the next step that has room; ``cost`` is the number of tokens it feeds, ``cohort`` the
+        one it announced with :meth:`expect` (it arrives with this call)."""
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(row, future, cost))
+        self._queue.append(_Pending(row, future, cost, cohort))
         self._schedule_start()
         return await future  # a cancelled caller's row is skipped if it has not started yet
+
+    @contextlib.contextmanager
+    def expect(self, cohort: int) -> Iterator[None]:
+        """Within this block, a row of ``cohort`` is on its way (its session awaits its draft proposal); it has
+        arrived, or will not come, when the block ends."""
+        self._expected[cohort] += 1
+        try:
+            yield
+        finally:
+            self._expected[cohort] -= 1
+            if not self._expected[cohort]:
+                del self._expected[cohort]
+                self._schedule_start()  # nothing more of this cohort comes: its ready rows need not wait
 
     def _take(self) -> list[_Pending[Row, Outcome]]:
         taken: list[_Pending[Row, Outcome]] = []
@@ -95,10 +127,28 @@ class StepScheduler(Generic[Row, Outcome]):
             self._start_soon = True
             asyncio.get_running_loop().call_soon(self._start)
 
+    def _gathering(self) -> bool:
+        """Whether to hold the ready rows back a little for rows of their cohort (see the module docstring)."""
+        if not self._expected or len(self._queue) >= self.max_num_seqs:
+            return False
+        if not any(item.cohort in self._expected for item in self._queue):
+            return False
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._gather_deadline is None:
+            self._gather_deadline = now + min(self._last_step_seconds, self.max_gather_seconds)
+            self._gather_timer = loop.call_at(self._gather_deadline, self._schedule_start)
+        return now < self._gather_deadline
+
     def _start(self) -> None:
         self._start_soon = False
-        if self._running:
+        if self._running or not self._queue:
             return
+        if self._gathering():
+            return  # a row's arrival, or the deadline's timer, calls again
+        if self._gather_timer is not None:
+            self._gather_timer.cancel()
+        self._gather_timer = self._gather_deadline = None
         batch = self._take()
         if not batch:
             return
@@ -111,6 +161,8 @@ class StepScheduler(Generic[Row, Outcome]):
     def _finish(self, batch: list[_Pending[Row, Outcome]], done: asyncio.Future[list[Outcome]], started: float) -> None:
         self._running = False
         elapsed = time.perf_counter() - started
+        self._last_step_seconds = elapsed
+        self.finished_steps += 1
         if self._on_step is not None:
             self._on_step(len(batch), elapsed)
         error = done.exception()

@@ -10,8 +10,8 @@ from typing import Any
 import jsonschema
 import pytest
 from starsd_operator import constants as c
+from starsd_operator import rollout, status
 from starsd_operator import spec as specmod
-from starsd_operator import status
 from starsd_operator.rebalancer import Decision, Load
 
 from . import factories as f
@@ -234,6 +234,9 @@ def test_the_status_the_operator_writes_fits_the_schema(schema: dict[str, Any]) 
         ),
         load=load,
         decision=Decision(5, 3, "UnderLoaded", "3 -> 5 targets"),
+        rollouts=[
+            rollout.PoolRollout("h100", rollout.HALTED, 2, "halted at revision r2: ...", "chat-target-h100-2", 1)
+        ],
     )
     built = status.build(obs, {"observedGeneration": 2}, datetime(2026, 1, 1, tzinfo=UTC))
     status_schema = copy.deepcopy(schema["properties"]["status"])
@@ -244,7 +247,9 @@ def test_the_status_the_operator_writes_fits_the_schema(schema: dict[str, Any]) 
         c.COND_TARGETS_READY,
         c.COND_STAR_CONNECTED,
         c.COND_REBALANCING,
+        c.COND_ROLLOUT_PROGRESSING,
     }
+    assert built["targets"]["pools"][0]["rollout"]["state"] == rollout.HALTED
 
 
 def _model_schemas(schema: dict[str, Any]) -> list[dict[str, Any]]:

@@ -69,8 +69,8 @@ def test_a_healthy_cluster_is_ready() -> None:
         "desiredReplicas": 3,
         "readyOfDesired": "3/3",
         "pools": [
-            {"name": "h100", "replicas": 2, "readyReplicas": 2, "desiredReplicas": 2},
-            {"name": "l4", "replicas": 1, "readyReplicas": 1, "desiredReplicas": 1},
+            {"name": "h100", "replicas": 2, "readyReplicas": 2, "updatedReplicas": 2, "desiredReplicas": 2},
+            {"name": "l4", "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1, "desiredReplicas": 1},
         ],
     }
     assert built["selector"] == "app.kubernetes.io/instance=chat,app.kubernetes.io/component=target"
