@@ -67,7 +67,7 @@ $(AIPERF_VENV)/.installed: bench/aiperf.lock | $(STAMP)
 bench-aiperf: install $(AIPERF_VENV)/.installed ## AIPerf (a vLLM-style benchmark client) on a local star (bench/results/aiperf/)
 	$(BIN)/python -m starsd.bench.aiperf_run --aiperf $(AIPERF_VENV)/bin/aiperf --out bench/results/aiperf
 
-lint: install ## ruff, the formatter check and mypy
+lint: install ## ruff, the formatter check, mypy (strict on the core packages: pyproject.toml), hadolint, shellcheck
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy starsd operator/starsd_operator

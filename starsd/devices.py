@@ -10,8 +10,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from starsd import defaults
+
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = defaults.DTYPES
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from starsd import defaults
 from starsd.paths import models_dir
 
 
@@ -101,7 +102,7 @@ class LocalStar:
     draft_model: Path | None = None  # None with emulate_service_time
     target_model: Path | None = None
     targets: int = 4
-    gamma: int = 4
+    gamma: int = defaults.GAMMA
     host: str = "127.0.0.1"
     draft_args: list[str] = field(default_factory=list)
     target_args: list[str] = field(default_factory=list)

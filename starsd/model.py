@@ -1,4 +1,4 @@
-"""The system model of a star: one draft serving N targets (DESIGN.md section 2).
+"""The system model of a star: one draft serving N targets (docs/architecture.md section 2).
 
 Notation (times in seconds, throughput in tokens per second):
 

@@ -11,8 +11,9 @@ import pytest
 from starsd.draft.buffer import RequestBuffer
 from starsd.draft.core import validate_request
 from starsd.draft.load import LoadTracker
-from starsd.draft.proposers import curve_time, parse_batch_curve
+from starsd.draft.proposers import curve_time
 from starsd.draft.sessions import SessionError, SessionStore
+from starsd.model import BatchCurve
 from starsd.proto import starsd_pb2 as pb
 
 
@@ -256,16 +257,21 @@ def test_batched_service_time_is_split_over_the_batch() -> None:
     assert load.snapshot(targets=1, queue_depth=0).tq_seconds == pytest.approx(0.001)
 
 
-def test_batch_curves_parse_and_interpolate() -> None:
-    curve = parse_batch_curve("1:0.004, 8:0.006")
-    assert curve == {1: 0.004, 8: 0.006}
+def test_an_emulated_draft_follows_its_batch_curve_and_extends_it() -> None:
+    curve = BatchCurve.parse("1:0.004, 8:0.006")  # the system model's parser: one set of rules
     assert curve_time(curve, 1) == 0.004
     assert curve_time(curve, 8) == 0.006
     assert curve_time(curve, 4) == pytest.approx(0.004 + 0.002 * 3 / 7)
-    assert curve_time(curve, 15) == pytest.approx(0.008)
-    for bad in ("8:0.006", "x:1", "1:-1"):
-        with pytest.raises(ValueError):
-            parse_batch_curve(bad)
+    assert curve_time(curve, 15) == pytest.approx(0.008)  # beyond the last point: along its slope
+    assert curve_time(BatchCurve.parse("1:0.004"), 3) == pytest.approx(0.012)
+
+
+def test_the_draft_command_refuses_a_bad_batch_curve(capsys: pytest.CaptureFixture[str]) -> None:
+    from starsd.cli import main
+
+    for bad, says in (("x:1", "B:SECONDS"), ("1:-1", "Tq(1)"), ("1:0.006,8:0.004", "must not fall")):
+        assert main(["draft", "--emulate-service-time", "0.004", "--batch-curve", bad]) == 2
+        assert says in capsys.readouterr().err, bad
 
 
 def test_answers_say_how_long_each_request_queued() -> None:

@@ -10,12 +10,12 @@ import torch
 from starsd.runners import (
     DraftRunner,
     ModelLoadError,
-    autoregressive_reference,
     check_same_vocabulary,
     load_checkpoint,
 )
 from starsd.sampling import SamplingParams
 from starsd.target.batching import StepRow, TargetRunner
+from tests.support.reference import autoregressive_reference
 
 GREEDY = SamplingParams(temperature=0.0)
 

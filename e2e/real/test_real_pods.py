@@ -22,7 +22,8 @@ from e2e.kube import Cluster, wait_until
 from e2e.operator_process import install_chart
 from e2e.starsd_cluster import RESOURCE, apply, wait_ready
 from starsd.local import http_json
-from starsd.runners import LoadedModel, autoregressive_reference, load_checkpoint
+from starsd.runners import LoadedModel, load_checkpoint
+from tests.support.reference import autoregressive_reference
 
 REPO = Path(__file__).resolve().parents[2]
 REAL = {"node.starsd.io/real": "true"}  # the real node's label (e2e/cluster/lib/node.sh)

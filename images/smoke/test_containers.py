@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from starsd.local import http_json
-from starsd.runners import LoadedModel, autoregressive_reference, load_checkpoint
+from starsd.runners import LoadedModel, load_checkpoint
+from tests.support.reference import autoregressive_reference
 
 REPO = Path(__file__).resolve().parents[2]
 TAG = os.environ.get("STARSD_IMAGE_TAG", "dev")

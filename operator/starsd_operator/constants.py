@@ -1,8 +1,11 @@
-"""Names and numbers that the CRD, the chart, the images and the e2e tests agree on (DESIGN.md sections 3-5)."""
+"""Names that the CRD, the chart, the images and the e2e tests agree on (docs/architecture.md); numbers that
+the data plane shares with them come from :mod:`starsd.defaults`."""
 
 from __future__ import annotations
 
 from typing import Final
+
+from starsd import defaults
 
 GROUP: Final = "starsd.io"
 VERSION: Final = "v1alpha1"
@@ -31,10 +34,10 @@ COMPONENT_TARGET: Final = "target"
 # with --allow-load-url-annotation.
 ANNOTATION_LOAD_URL: Final = f"{GROUP}/load-url"
 
-# Ports the data plane listens on (DESIGN.md section 3).
-DRAFT_GRPC_PORT: Final = 50051
-DRAFT_METRICS_PORT: Final = 9090
-TARGET_HTTP_PORT: Final = 8000
+# Ports the data plane listens on (the servers' own defaults).
+DRAFT_GRPC_PORT: Final = defaults.DRAFT_GRPC_PORT
+DRAFT_METRICS_PORT: Final = defaults.DRAFT_METRICS_PORT
+TARGET_HTTP_PORT: Final = defaults.TARGET_HTTP_PORT
 LOAD_PATH: Final = "/v1/load"
 
 # Default images; the operator's environment overrides them, a resource's spec overrides those.

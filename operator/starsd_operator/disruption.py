@@ -10,11 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from starsd import defaults
+
 from . import constants as c
 from . import naming
 from .naming import Owner
 
-DEFAULT_MAX_UNAVAILABLE: int | str = 1  # the CRD declares the same default
 _PERCENT = re.compile(r"^(100|[1-9]?[0-9])%$")
 
 
@@ -24,7 +25,7 @@ class DisruptionError(ValueError):
 
 @dataclass(frozen=True)
 class Disruption:
-    max_unavailable: int | str = DEFAULT_MAX_UNAVAILABLE  # a count, or a percentage such as "25%"
+    max_unavailable: int | str = defaults.MAX_UNAVAILABLE  # a count, or a percentage such as "25%"
 
 
 def parse(parent: Mapping[str, Any], where: str) -> Disruption:
@@ -33,7 +34,7 @@ def parse(parent: Mapping[str, Any], where: str) -> Disruption:
         return Disruption()
     if not isinstance(raw, Mapping):
         raise DisruptionError(f"{where}.disruption must be an object")
-    value = raw.get("maxUnavailable", DEFAULT_MAX_UNAVAILABLE)
+    value = raw.get("maxUnavailable", defaults.MAX_UNAVAILABLE)
     ok = (isinstance(value, int) and not isinstance(value, bool) and value >= 1) or (
         isinstance(value, str) and _PERCENT.match(value) is not None and value != "0%"
     )

@@ -17,14 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# Defaults; crds/starsdcluster.yaml declares the same values (tests/operator/test_lifecycle.py checks).
-DEFAULT_GRACE_SECONDS = 120
-DEFAULT_STARTUP_SECONDS = 600
-DEFAULT_READINESS_PERIOD = 5
-DEFAULT_LIVENESS_PERIOD = 10
-DEFAULT_PROBE_TIMEOUT = 2
-MAX_GRACE_SECONDS = 86400
-MAX_STARTUP_SECONDS = 86400
+from starsd import defaults as d  # the CRD declares the same defaults and ranges (tests/test_defaults.py)
+
 STARTUP_PERIOD = 10  # seconds between startup checks; the budget sets how many may fail
 SHM_VOLUME = "dshm"
 SHM_PATH = "/dev/shm"
@@ -36,11 +30,11 @@ class LifecycleError(ValueError):
 
 @dataclass(frozen=True)
 class Lifecycle:
-    grace_seconds: int = DEFAULT_GRACE_SECONDS
-    startup_seconds: int = DEFAULT_STARTUP_SECONDS
-    readiness_period: int = DEFAULT_READINESS_PERIOD
-    liveness_period: int = DEFAULT_LIVENESS_PERIOD
-    probe_timeout: int = DEFAULT_PROBE_TIMEOUT
+    grace_seconds: int = d.GRACE_SECONDS
+    startup_seconds: int = d.STARTUP_SECONDS
+    readiness_period: int = d.READINESS_PERIOD_SECONDS
+    liveness_period: int = d.LIVENESS_PERIOD_SECONDS
+    probe_timeout: int = d.PROBE_TIMEOUT_SECONDS
 
 
 def parse(raw: Mapping[str, Any], where: str) -> Lifecycle:
@@ -51,11 +45,17 @@ def parse(raw: Mapping[str, Any], where: str) -> Lifecycle:
         raise LifecycleError(f"{where}.probes must be an object")
     at = f"{where}.probes"
     return Lifecycle(
-        grace_seconds=_int(raw, "terminationGracePeriodSeconds", where, DEFAULT_GRACE_SECONDS, 0, MAX_GRACE_SECONDS),
-        startup_seconds=_int(probes, "startupSeconds", at, DEFAULT_STARTUP_SECONDS, 10, MAX_STARTUP_SECONDS),
-        readiness_period=_int(probes, "readinessPeriodSeconds", at, DEFAULT_READINESS_PERIOD, 1, 300),
-        liveness_period=_int(probes, "livenessPeriodSeconds", at, DEFAULT_LIVENESS_PERIOD, 1, 300),
-        probe_timeout=_int(probes, "timeoutSeconds", at, DEFAULT_PROBE_TIMEOUT, 1, 60),
+        grace_seconds=_int(raw, "terminationGracePeriodSeconds", where, d.GRACE_SECONDS, 0, d.GRACE_SECONDS_MAX),
+        startup_seconds=_int(
+            probes, "startupSeconds", at, d.STARTUP_SECONDS, d.STARTUP_SECONDS_MIN, d.STARTUP_SECONDS_MAX
+        ),
+        readiness_period=_int(
+            probes, "readinessPeriodSeconds", at, d.READINESS_PERIOD_SECONDS, 1, d.PROBE_PERIOD_SECONDS_MAX
+        ),
+        liveness_period=_int(
+            probes, "livenessPeriodSeconds", at, d.LIVENESS_PERIOD_SECONDS, 1, d.PROBE_PERIOD_SECONDS_MAX
+        ),
+        probe_timeout=_int(probes, "timeoutSeconds", at, d.PROBE_TIMEOUT_SECONDS, 1, d.PROBE_TIMEOUT_SECONDS_MAX),
     )
 
 

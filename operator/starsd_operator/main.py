@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import kopf
 
+from starsd import defaults
+
 from . import constants as c
 from . import handlers, kube
 from .controller import Config
@@ -27,7 +29,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Options:
     namespace: str | None = None  # None: every namespace
-    liveness_port: int = 8080
+    liveness_port: int = defaults.OPERATOR_HEALTH_PORT
     tick_interval: float = 5.0  # seconds between status refreshes and load readings of one cluster
     load_timeout: float = 3.0
     allow_load_url_annotation: bool = False  # honour starsd.io/load-url (tests; never in a shared cluster)

@@ -1,4 +1,5 @@
-"""Where a draft's or target's model comes from, and what that adds to the pod (DESIGN.md section 4).
+"""Where a draft's or target's model comes from, and what that adds to the pod (docs/models-and-pods.md,
+"Model sources").
 
 Exactly one source:
 

@@ -8,7 +8,8 @@ from typing import Any
 
 from . import constants as c
 from . import lifecycle, modelsource
-from .spec import ModelSource, Placement
+from .modelsource import ModelSource
+from .spec import Placement
 
 TMP_VOLUME = "tmp"
 TMP_PATH = "/tmp"

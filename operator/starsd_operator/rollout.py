@@ -30,15 +30,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from starsd import defaults as d  # the CRD declares the same defaults and ranges (tests/test_defaults.py)
+
 from . import constants as c
 from . import diagnose
 from .conditions import Condition, parse_timestamp
-
-# Defaults; crds/starsdcluster.yaml declares the same values (tests/operator/test_rollout.py checks).
-DEFAULT_MIN_READY_SECONDS = 0
-DEFAULT_PROGRESS_DEADLINE_SECONDS = 600
-MAX_MIN_READY_SECONDS = 3600
-MAX_PROGRESS_DEADLINE_SECONDS = 7 * 86400
 
 ANNOTATION_TEMPLATE_HASH = f"{c.GROUP}/template-hash"
 REVISION_LABEL = "controller-revision-hash"  # the StatefulSet controller's label on each pod
@@ -66,8 +62,8 @@ class RolloutError(ValueError):
 class Policy:
     """``spec.target.rollout``."""
 
-    min_ready_seconds: int = DEFAULT_MIN_READY_SECONDS
-    progress_deadline_seconds: int = DEFAULT_PROGRESS_DEADLINE_SECONDS
+    min_ready_seconds: int = d.MIN_READY_SECONDS
+    progress_deadline_seconds: int = d.PROGRESS_DEADLINE_SECONDS
 
 
 def parse(parent: Mapping[str, Any], where: str) -> Policy:
@@ -78,9 +74,9 @@ def parse(parent: Mapping[str, Any], where: str) -> Policy:
         raise RolloutError(f"{where}.rollout must be an object")
     at = f"{where}.rollout"
     return Policy(
-        min_ready_seconds=_int(raw, "minReadySeconds", at, DEFAULT_MIN_READY_SECONDS, 0, MAX_MIN_READY_SECONDS),
+        min_ready_seconds=_int(raw, "minReadySeconds", at, d.MIN_READY_SECONDS, 0, d.MIN_READY_SECONDS_MAX),
         progress_deadline_seconds=_int(
-            raw, "progressDeadlineSeconds", at, DEFAULT_PROGRESS_DEADLINE_SECONDS, 1, MAX_PROGRESS_DEADLINE_SECONDS
+            raw, "progressDeadlineSeconds", at, d.PROGRESS_DEADLINE_SECONDS, 1, d.PROGRESS_DEADLINE_SECONDS_MAX
         ),
     )
 
@@ -127,8 +123,8 @@ class Timing:
     """The clock and the bounds :func:`plan` measures pods against."""
 
     now: float  # seconds since the epoch
-    min_ready_seconds: int = DEFAULT_MIN_READY_SECONDS
-    deadline_seconds: int = DEFAULT_PROGRESS_DEADLINE_SECONDS  # see effective_deadline
+    min_ready_seconds: int = d.MIN_READY_SECONDS
+    deadline_seconds: int = d.PROGRESS_DEADLINE_SECONDS  # see effective_deadline
 
 
 def effective_deadline(policy: Policy, startup_seconds: int) -> int:

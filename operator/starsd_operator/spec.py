@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from starsd import defaults
+
 from . import disruption, lifecycle, modelsource, podtemplate, rollout
 from .disruption import Disruption
 from .lifecycle import Lifecycle
@@ -18,28 +20,7 @@ from .modelsource import ModelSource
 from .podtemplate import PodTemplate
 from .rollout import Policy as RolloutPolicy
 
-# Defaults; crds/starsdcluster.yaml declares the same values (tests/operator/test_crd.py checks).
-DEFAULT_GAMMA = 4
-GAMMA_RANGE = (1, 16)
-DEFAULT_REPLICAS = 1
-DEFAULT_WEIGHT = 1
-DEFAULT_POOL_MIN = 0
-DEFAULT_POOL_MAX = 64
-DEFAULT_MIN_TARGETS = 1
-DEFAULT_MAX_TARGETS = 16
-DEFAULT_UNDERLOADED_UTILIZATION = 0.7
-DEFAULT_SATURATED_UTILIZATION = 0.9
-DEFAULT_SCALE_IN_OCCUPANCY = 0.1
-DEFAULT_SATURATED_OCCUPANCY = 0.8
-DEFAULT_TOLERANCE = 0.1
-DEFAULT_SCALE_UP_WINDOW_SECONDS = 30
-DEFAULT_SCALE_UP_MAX_STEP = 4
-DEFAULT_SCALE_DOWN_WINDOW_SECONDS = 300
-DEFAULT_SCALE_DOWN_MAX_STEP = 2
-DEFAULT_CONVERGENCE_TIMEOUT_SECONDS = 600
-RATE_POLICY_TYPES = ("Pods", "Percent")
-IMAGE_POLICIES = ("Pinned", "FollowOperator")  # the first is the default
-SELECT_POLICIES = ("Max", "Min", "Disabled")
+# Defaults and limits: starsd.defaults (crds/starsdcluster.yaml declares the same; tests/test_defaults.py checks).
 
 
 class SpecError(ValueError):
@@ -55,21 +36,14 @@ class Placement:
     tolerations: list[dict[str, Any]] = field(default_factory=list)
 
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-DRAFT_SCHEDULES = ("fifo", "fair")
-DEFAULT_MAX_BATCH = 32
-DEFAULT_MAX_NUM_SEQS = 64
-DEFAULT_MAX_PREFILL_TOKENS = 512
-
-
 @dataclass(frozen=True)
 class DraftSpec:
     model: ModelSource
     image: str | None = None
     placement: Placement = field(default_factory=Placement)
     dtype: str = "auto"  # the pod's device is always auto: its GPU when it has one
-    max_batch: int = DEFAULT_MAX_BATCH  # requests drafted together per step
-    schedule: str = "fifo"
+    max_batch: int = defaults.DRAFT_MAX_BATCH  # requests drafted together per step
+    schedule: str = defaults.DRAFT_SCHEDULES[0]
     pod_template: PodTemplate | None = None  # merged into the operator's pod (see .podtemplate)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)  # probes and grace period (see .lifecycle)
     disruption: Disruption = field(default_factory=Disruption)  # its PodDisruptionBudget (see .disruption)
@@ -79,12 +53,12 @@ class DraftSpec:
 class TargetSpec:
     model: ModelSource
     image: str | None = None
-    gamma: int = DEFAULT_GAMMA  # draft tokens proposed per round
+    gamma: int = defaults.GAMMA  # draft tokens proposed per round
     adaptive_gamma: bool = False  # each completion picks its gamma per round, at most ``gamma``
     dtype: str = "auto"
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS  # completions per target at once, batched per step
+    max_num_seqs: int = defaults.MAX_NUM_SEQS  # completions per target at once, batched per step
     kv_cache_tokens: int | None = None  # None: the target sizes its cache (a GPU's memory, or full contexts)
-    max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS
+    max_prefill_tokens: int = defaults.MAX_PREFILL_TOKENS
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     rollout: RolloutPolicy = field(default_factory=RolloutPolicy)  # how a change rolls (see .rollout)
 
@@ -94,9 +68,9 @@ class PoolSpec:
     """One GPU node pool: one StatefulSet of targets."""
 
     name: str
-    weight: int = DEFAULT_WEIGHT  # share of the total target count
-    min_replicas: int = DEFAULT_POOL_MIN
-    max_replicas: int = DEFAULT_POOL_MAX
+    weight: int = defaults.POOL_WEIGHT  # share of the total target count
+    min_replicas: int = defaults.POOL_MIN_REPLICAS
+    max_replicas: int = defaults.POOL_MAX_REPLICAS
     placement: Placement = field(default_factory=Placement)
     model: ModelSource | None = None  # None: the target's model (spec.target.model)
     pod_template: PodTemplate | None = None
@@ -125,24 +99,24 @@ class ScalingRules:
 @dataclass(frozen=True)
 class AutoscalingSpec:
     enabled: bool = False
-    min_targets: int = DEFAULT_MIN_TARGETS
-    max_targets: int = DEFAULT_MAX_TARGETS
+    min_targets: int = defaults.MIN_TARGETS
+    max_targets: int = defaults.MAX_TARGETS
     # The draft is under-loaded below this utilisation (it idles: more targets would feed it).
-    underloaded_utilization: float = DEFAULT_UNDERLOADED_UTILIZATION
+    underloaded_utilization: float = defaults.UNDERLOADED_UTILIZATION
     # The draft is saturated at or above this utilisation while requests queue at it.
-    saturated_utilization: float = DEFAULT_SATURATED_UTILIZATION
+    saturated_utilization: float = defaults.SATURATED_UTILIZATION
     # Targets below this batch occupancy, nothing waiting, are idle (scale in toward minTargets).
-    scale_in_occupancy: float = DEFAULT_SCALE_IN_OCCUPANCY
+    scale_in_occupancy: float = defaults.SCALE_IN_OCCUPANCY
     # Targets at or above this occupancy, or with requests waiting, are saturated (scale out toward N*).
-    saturated_occupancy: float = DEFAULT_SATURATED_OCCUPANCY
-    tolerance: float = DEFAULT_TOLERANCE
+    saturated_occupancy: float = defaults.SATURATED_OCCUPANCY
+    tolerance: float = defaults.TOLERANCE
     scale_up: ScalingRules = field(
-        default_factory=lambda: ScalingRules(DEFAULT_SCALE_UP_WINDOW_SECONDS, DEFAULT_SCALE_UP_MAX_STEP)
+        default_factory=lambda: ScalingRules(defaults.SCALE_UP_WINDOW_SECONDS, defaults.SCALE_UP_MAX_STEP)
     )
     scale_down: ScalingRules = field(
-        default_factory=lambda: ScalingRules(DEFAULT_SCALE_DOWN_WINDOW_SECONDS, DEFAULT_SCALE_DOWN_MAX_STEP)
+        default_factory=lambda: ScalingRules(defaults.SCALE_DOWN_WINDOW_SECONDS, defaults.SCALE_DOWN_MAX_STEP)
     )
-    convergence_timeout_seconds: int = DEFAULT_CONVERGENCE_TIMEOUT_SECONDS
+    convergence_timeout_seconds: int = defaults.CONVERGENCE_TIMEOUT_SECONDS
 
 
 @dataclass(frozen=True)
@@ -152,16 +126,16 @@ class ClusterSpec:
     replicas: int  # spec.targets.replicas: the total target count (the scale subresource)
     pools: tuple[PoolSpec, ...]
     autoscaling: AutoscalingSpec = field(default_factory=AutoscalingSpec)
-    image_policy: str = "Pinned"  # Pinned | FollowOperator (see imagepolicy.py)
+    image_policy: str = defaults.IMAGE_POLICIES[0]  # Pinned | FollowOperator (see imagepolicy.py)
 
 
 def parse(spec: Mapping[str, Any]) -> ClusterSpec:
     """Parse ``spec`` (as stored, defaults applied or not) into a :class:`ClusterSpec`."""
     draft = _mapping(spec, "draft", "spec")
     target = _mapping(spec, "target", "spec")
-    gamma = _int(target, "gamma", "spec.target", DEFAULT_GAMMA, minimum=GAMMA_RANGE[0])
-    if gamma > GAMMA_RANGE[1]:
-        raise SpecError(f"spec.target.gamma must be in {GAMMA_RANGE[0]}..{GAMMA_RANGE[1]}, got {gamma}")
+    gamma = _int(target, "gamma", "spec.target", defaults.GAMMA, minimum=defaults.GAMMA_MIN)
+    if gamma > defaults.GAMMA_MAX:
+        raise SpecError(f"spec.target.gamma must be in {defaults.GAMMA_MIN}..{defaults.GAMMA_MAX}, got {gamma}")
     pools_raw = spec.get("pools") or []
     if not isinstance(pools_raw, list) or not pools_raw:
         raise SpecError("spec.pools must list at least one pool")
@@ -175,9 +149,9 @@ def parse(spec: Mapping[str, Any]) -> ClusterSpec:
             model=_model(draft, "spec.draft"),
             image=_optional_str(draft, "image", "spec.draft"),
             placement=_placement(draft, "spec.draft"),
-            dtype=_choice(draft, "dtype", "spec.draft", DTYPES),
-            max_batch=_int(draft, "maxBatch", "spec.draft", DEFAULT_MAX_BATCH, minimum=1),
-            schedule=_choice(draft, "schedule", "spec.draft", DRAFT_SCHEDULES),
+            dtype=_choice(draft, "dtype", "spec.draft", defaults.DTYPES),
+            max_batch=_int(draft, "maxBatch", "spec.draft", defaults.DRAFT_MAX_BATCH, minimum=1),
+            schedule=_choice(draft, "schedule", "spec.draft", defaults.DRAFT_SCHEDULES),
             pod_template=_pod_template(draft, "spec.draft"),
             lifecycle=_lifecycle(draft, "spec.draft"),
             disruption=_disruption(draft, "spec.draft"),
@@ -187,17 +161,17 @@ def parse(spec: Mapping[str, Any]) -> ClusterSpec:
             image=_optional_str(target, "image", "spec.target"),
             gamma=gamma,
             adaptive_gamma=_bool(target, "adaptiveGamma", "spec.target"),
-            dtype=_choice(target, "dtype", "spec.target", DTYPES),
-            max_num_seqs=_int(target, "maxNumSeqs", "spec.target", DEFAULT_MAX_NUM_SEQS, minimum=1),
+            dtype=_choice(target, "dtype", "spec.target", defaults.DTYPES),
+            max_num_seqs=_int(target, "maxNumSeqs", "spec.target", defaults.MAX_NUM_SEQS, minimum=1),
             kv_cache_tokens=_int(target, "kvCacheTokens", "spec.target", 0, minimum=0) or None,
-            max_prefill_tokens=_int(target, "maxPrefillTokens", "spec.target", DEFAULT_MAX_PREFILL_TOKENS, minimum=1),
+            max_prefill_tokens=_int(target, "maxPrefillTokens", "spec.target", defaults.MAX_PREFILL_TOKENS, minimum=1),
             lifecycle=_lifecycle(target, "spec.target"),
             rollout=_rollout(target, "spec.target"),
         ),
-        replicas=_int(targets, "replicas", "spec.targets", DEFAULT_REPLICAS, minimum=0),
+        replicas=_int(targets, "replicas", "spec.targets", defaults.TARGET_REPLICAS, minimum=0),
         pools=pools,
         autoscaling=_autoscaling(spec.get("autoscaling") or {}),
-        image_policy=_choice(spec, "imagePolicy", "spec", IMAGE_POLICIES),
+        image_policy=_choice(spec, "imagePolicy", "spec", defaults.IMAGE_POLICIES),
     )
 
 
@@ -215,13 +189,13 @@ def _pool(raw: Any, where: str) -> PoolSpec:
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise SpecError(f"{where}.name is required")
-    lo = _int(raw, "minReplicas", where, DEFAULT_POOL_MIN, minimum=0)
-    hi = _int(raw, "maxReplicas", where, DEFAULT_POOL_MAX, minimum=0)
+    lo = _int(raw, "minReplicas", where, defaults.POOL_MIN_REPLICAS, minimum=0)
+    hi = _int(raw, "maxReplicas", where, defaults.POOL_MAX_REPLICAS, minimum=0)
     if lo > hi:
         raise SpecError(f"{where}: minReplicas ({lo}) must be <= maxReplicas ({hi})")
     return PoolSpec(
         name=name,
-        weight=_int(raw, "weight", where, DEFAULT_WEIGHT, minimum=0),
+        weight=_int(raw, "weight", where, defaults.POOL_WEIGHT, minimum=0),
         min_replicas=lo,
         max_replicas=hi,
         placement=_placement(raw, where),
@@ -233,16 +207,16 @@ def _pool(raw: Any, where: str) -> PoolSpec:
 
 def _autoscaling(raw: Mapping[str, Any]) -> AutoscalingSpec:
     where = "spec.autoscaling"
-    lo = _int(raw, "minTargets", where, DEFAULT_MIN_TARGETS, minimum=0)
-    hi = _int(raw, "maxTargets", where, DEFAULT_MAX_TARGETS, minimum=0)
+    lo = _int(raw, "minTargets", where, defaults.MIN_TARGETS, minimum=0)
+    hi = _int(raw, "maxTargets", where, defaults.MAX_TARGETS, minimum=0)
     if lo > hi:
         raise SpecError(f"{where}: minTargets ({lo}) must be <= maxTargets ({hi})")
-    up = _fraction(raw, "underloadedUtilization", where, DEFAULT_UNDERLOADED_UTILIZATION)
-    down = _fraction(raw, "saturatedUtilization", where, DEFAULT_SATURATED_UTILIZATION)
+    up = _fraction(raw, "underloadedUtilization", where, defaults.UNDERLOADED_UTILIZATION)
+    down = _fraction(raw, "saturatedUtilization", where, defaults.SATURATED_UTILIZATION)
     if up >= down:
         raise SpecError(f"{where}: underloadedUtilization ({up}) must be < saturatedUtilization ({down})")
-    idle = _fraction(raw, "scaleInOccupancy", where, DEFAULT_SCALE_IN_OCCUPANCY)
-    busy = _fraction(raw, "saturatedOccupancy", where, DEFAULT_SATURATED_OCCUPANCY)
+    idle = _fraction(raw, "scaleInOccupancy", where, defaults.SCALE_IN_OCCUPANCY)
+    busy = _fraction(raw, "saturatedOccupancy", where, defaults.SATURATED_OCCUPANCY)
     if idle >= busy:
         raise SpecError(f"{where}: scaleInOccupancy ({idle}) must be < saturatedOccupancy ({busy})")
     enabled = raw.get("enabled", False)
@@ -256,11 +230,11 @@ def _autoscaling(raw: Mapping[str, Any]) -> AutoscalingSpec:
         saturated_utilization=down,
         scale_in_occupancy=idle,
         saturated_occupancy=busy,
-        tolerance=_fraction(raw, "tolerance", where, DEFAULT_TOLERANCE),
-        scale_up=_rules(raw, "scaleUp", DEFAULT_SCALE_UP_WINDOW_SECONDS, DEFAULT_SCALE_UP_MAX_STEP),
-        scale_down=_rules(raw, "scaleDown", DEFAULT_SCALE_DOWN_WINDOW_SECONDS, DEFAULT_SCALE_DOWN_MAX_STEP),
+        tolerance=_fraction(raw, "tolerance", where, defaults.TOLERANCE),
+        scale_up=_rules(raw, "scaleUp", defaults.SCALE_UP_WINDOW_SECONDS, defaults.SCALE_UP_MAX_STEP),
+        scale_down=_rules(raw, "scaleDown", defaults.SCALE_DOWN_WINDOW_SECONDS, defaults.SCALE_DOWN_MAX_STEP),
         convergence_timeout_seconds=_int(
-            raw, "convergenceTimeoutSeconds", where, DEFAULT_CONVERGENCE_TIMEOUT_SECONDS, minimum=0
+            raw, "convergenceTimeoutSeconds", where, defaults.CONVERGENCE_TIMEOUT_SECONDS, minimum=0
         ),
     )
 
@@ -280,7 +254,7 @@ def _rules(parent: Mapping[str, Any], key: str, window: int, step: int) -> Scali
             raise SpecError(f"{at} must be an object")
         policies.append(
             RatePolicySpec(
-                type=_choice(p, "type", at, RATE_POLICY_TYPES),
+                type=_choice(p, "type", at, defaults.RATE_POLICY_TYPES),
                 value=_int(p, "value", at, 1, minimum=1),
                 period_seconds=_int(p, "periodSeconds", at, 60, minimum=1),
             )
@@ -289,7 +263,7 @@ def _rules(parent: Mapping[str, Any], key: str, window: int, step: int) -> Scali
         stabilization_window_seconds=_int(raw, "stabilizationWindowSeconds", where, window, minimum=0),
         max_step=_int(raw, "maxStep", where, step, minimum=1),
         policies=tuple(policies),
-        select_policy=_choice(raw, "selectPolicy", where, SELECT_POLICIES),
+        select_policy=_choice(raw, "selectPolicy", where, defaults.SELECT_POLICIES),
     )
 
 

@@ -7,6 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
+from starsd import defaults
+
 TERMINATION_LOG = Path("/dev/termination-log")
 
 log = logging.getLogger("starsd")
@@ -32,6 +34,23 @@ def positive_float(text: str) -> float:
     if value <= 0:
         raise ValueError(f"{text} is not > 0")
     return value
+
+
+def add_gamma_arg(parser: argparse.ArgumentParser, note: str = "") -> None:
+    """``--gamma``, the same default and range on every command that starts a target."""
+    parser.add_argument(
+        "--gamma",
+        type=int,
+        default=defaults.GAMMA,
+        help=f"tokens drafted per round, {defaults.GAMMA_MIN}..{defaults.GAMMA_MAX} (default {defaults.GAMMA}){note}",
+    )
+
+
+def gamma_error(gamma: int) -> str | None:
+    """The complaint about ``--gamma`` outside its range, or None."""
+    if defaults.GAMMA_MIN <= gamma <= defaults.GAMMA_MAX:
+        return None
+    return f"--gamma must be in {defaults.GAMMA_MIN}..{defaults.GAMMA_MAX}, got {gamma}"
 
 
 def add_placement_args(parser: argparse.ArgumentParser) -> None:

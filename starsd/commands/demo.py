@@ -7,12 +7,12 @@ import os
 import sys
 from pathlib import Path
 
-from starsd.commands._common import add_placement_args, fail, placement_error
+from starsd.commands._common import add_gamma_arg, add_placement_args, fail, gamma_error, placement_error
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--targets", type=int, default=4, help="target servers (default 4)")
-    parser.add_argument("--gamma", type=int, default=4, help="tokens drafted per round (default 4)")
+    add_gamma_arg(parser)
     parser.add_argument("--requests", type=int, default=96, help="completions in the workload (default 96)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per completion (default 64)")
     parser.add_argument("--concurrency", type=int, default=8, help="completions in flight at once (default 8)")
@@ -31,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"no draft/ and target/ checkpoints under {models}; run `make models` to train them")
     if args.targets < 1 or args.requests < 1 or args.max_tokens < 1 or args.concurrency < 1:
         return fail("--targets, --requests, --max-tokens and --concurrency must be >= 1")
+    if (problem := gamma_error(args.gamma)) is not None:
+        return fail(problem)
     if (problem := placement_error(args)) is not None:
         return fail(problem)
     print(f"StarSD demo: 1 draft ({models / 'draft'}) serving {args.targets} targets ({models / 'target'}),")

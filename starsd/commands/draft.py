@@ -6,42 +6,56 @@ import argparse
 import asyncio
 from pathlib import Path
 
+from starsd import defaults
 from starsd.commands._common import add_placement_args, fail, placement_error
-
-MODEL_MAX_BATCH = 32  # a real draft batches by default: 32 requests per step cost 2.5x one on this CPU (measured)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, help="local Hugging Face checkpoint of the draft model")
-    parser.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051; 0 picks a free one)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=defaults.DRAFT_GRPC_PORT,
+        help=f"gRPC port (default {defaults.DRAFT_GRPC_PORT}; 0 picks a free one)",
+    )
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     parser.add_argument(
         "--metrics-port",
         type=int,
-        default=9090,
-        help="HTTP port for /v1/load, /metrics, /healthz (default 9090)",
+        default=defaults.DRAFT_METRICS_PORT,
+        help=f"HTTP port for /v1/load, /metrics, /healthz (default {defaults.DRAFT_METRICS_PORT})",
     )
     parser.add_argument(
         "--max-batch",
         type=int,
         default=None,
-        help=f"requests drafted together per step (default {MODEL_MAX_BATCH} with --model; 1 when emulating "
+        help=f"requests drafted together per step (default {defaults.DRAFT_MAX_BATCH} with --model; 1 when emulating "
         "without --batch-curve)",
     )
     parser.add_argument(
         "--schedule",
-        choices=("fifo", "fair"),
-        default="fifo",
-        help="order of waiting requests (default fifo)",
+        choices=defaults.DRAFT_SCHEDULES,
+        default=defaults.DRAFT_SCHEDULES[0],
+        help=f"order of waiting requests (default {defaults.DRAFT_SCHEDULES[0]})",
     )
-    parser.add_argument("--max-sessions", type=int, default=1024, help="sessions held at once (default 1024)")
+    parser.add_argument(
+        "--max-sessions",
+        type=int,
+        default=defaults.DRAFT_MAX_SESSIONS,
+        help=f"sessions held at once (default {defaults.DRAFT_MAX_SESSIONS})",
+    )
     parser.add_argument(
         "--idle-timeout",
         type=float,
-        default=300.0,
-        help="seconds before an idle session is freed (default 300)",
+        default=defaults.DRAFT_IDLE_TIMEOUT_SECONDS,
+        help=f"seconds before an idle session is freed (default {defaults.DRAFT_IDLE_TIMEOUT_SECONDS:g})",
     )
-    parser.add_argument("--max-gamma", type=int, default=16, help="largest gamma accepted (default 16)")
+    parser.add_argument(
+        "--max-gamma",
+        type=int,
+        default=defaults.GAMMA_MAX,
+        help=f"largest gamma accepted (default {defaults.GAMMA_MAX})",
+    )
     parser.add_argument(
         "--model-process",
         action=argparse.BooleanOptionalAction,
@@ -60,7 +74,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="emulate a draft accelerator instead of --model",
     )
-    emu.add_argument("--batch-curve", help='emulated batch times, e.g. "1:0.004,8:0.006" (with --max-batch)')
+    emu.add_argument(
+        "--batch-curve",
+        help='emulated batch times, e.g. "1:0.004,8:0.006" (with --max-batch; without a 1: point, '
+        "--emulate-service-time is Tq(1))",
+    )
     emu.add_argument(
         "--emulate-token-time", type=float, default=0.0, metavar="SECONDS", help="extra emulated time per drafted token"
     )
@@ -69,16 +87,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from starsd.draft.core import DraftConfig
-    from starsd.draft.proposers import EmulatedProposer, ModelProposer, Proposer, parse_batch_curve
+    from starsd.draft.proposers import EmulatedProposer, ModelProposer, Proposer
     from starsd.draft.server import DraftServer, DraftServerOptions, serve_forever
     from starsd.drafting import ModelLoadError
+    from starsd.model import BatchCurve
 
     if (args.model is None) == (args.emulate_service_time is None):
         return fail("give exactly one of --model PATH or --emulate-service-time SECONDS")
     if bool(args.tls_cert) != bool(args.tls_key):
         return fail("--tls-cert and --tls-key go together")
     if args.max_batch is None:
-        args.max_batch = MODEL_MAX_BATCH if args.model is not None or args.batch_curve else 1
+        args.max_batch = defaults.DRAFT_MAX_BATCH if args.model is not None or args.batch_curve else 1
     if args.max_batch < 1 or args.max_gamma < 1 or args.max_sessions < 1:
         return fail("--max-batch, --max-gamma and --max-sessions must be >= 1")
     if (problem := placement_error(args)) is not None:
@@ -95,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
             set_threads(args.threads)
             proposer = ModelProposer(load_checkpoint(args.model, args.device, args.dtype))
         else:
-            curve = parse_batch_curve(args.batch_curve) if args.batch_curve else None
+            service = args.emulate_service_time
+            curve = BatchCurve.parse(args.batch_curve, unbatched=service) if args.batch_curve else None
             proposer = EmulatedProposer(args.emulate_service_time, args.vocab_size, curve, args.emulate_token_time)
     except (ModelLoadError, ValueError) as exc:
         return fail(str(exc))

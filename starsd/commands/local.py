@@ -7,12 +7,12 @@ import signal
 import threading
 from pathlib import Path
 
-from starsd.commands._common import add_placement_args, fail, placement_error
+from starsd.commands._common import add_gamma_arg, add_placement_args, fail, gamma_error, placement_error
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--targets", type=int, default=4, help="how many target servers (default 4)")
-    parser.add_argument("--gamma", type=int, default=4, help="tokens drafted per round (default 4)")
+    add_gamma_arg(parser)
     parser.add_argument("--draft-model", type=Path, help="draft checkpoint (default: the shipped models/draft)")
     parser.add_argument("--target-model", type=Path, help="target checkpoint (default: the shipped models/target)")
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
@@ -23,8 +23,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from starsd.local import LocalStar, StartError
 
-    if args.targets < 1 or not 1 <= args.gamma <= 16:
-        return fail("--targets must be >= 1 and --gamma in 1..16")
+    if args.targets < 1:
+        return fail("--targets must be >= 1")
+    if (problem := gamma_error(args.gamma)) is not None:
+        return fail(problem)
     if (problem := placement_error(args)) is not None:
         return fail(problem)
     star = LocalStar(

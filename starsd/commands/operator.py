@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from urllib.parse import urlsplit
 
+from starsd import defaults
+
 
 def _port(text: str) -> int:
     value = int(text)
@@ -38,7 +40,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--namespace", default=None, help="watch this namespace only (default: every namespace)")
     parser.add_argument(
-        "--liveness-port", type=_port, default=8080, help="serve GET http://0.0.0.0:PORT/healthz for probes"
+        "--liveness-port",
+        type=_port,
+        default=defaults.OPERATOR_HEALTH_PORT,
+        help="serve GET http://0.0.0.0:PORT/healthz for probes",
     )
     parser.add_argument(
         "--liveness",

@@ -33,9 +33,9 @@ def _betas(text: str) -> list[float]:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
-        "The system model of one draft serving N targets (DESIGN.md section 2): for each N, the regime, the "
-        "draft's utilisation, total throughput O(N), per-target throughput and latency per token. N* (the "
-        "fewest targets that keep the draft busy) is marked."
+        "The system model of one draft serving N targets (docs/architecture.md section 2): for each N, the "
+        "regime, the draft's utilisation, total throughput O(N), per-target throughput and latency per token. "
+        "N* (the fewest targets that keep the draft busy) is marked."
     )
     src = parser.add_argument_group("times and acceptance (flags override a profile)")
     src.add_argument("--profile", help="a named accelerator profile (see `starsd bench profiles`)")

@@ -9,8 +9,8 @@ import signal
 import socket
 from pathlib import Path
 
-from starsd.commands._common import add_placement_args, fail, placement_error
-from starsd.target.memory import DEFAULT_GPU_MEMORY_FRACTION
+from starsd import defaults
+from starsd.commands._common import add_gamma_arg, add_placement_args, fail, gamma_error, placement_error
 
 log = logging.getLogger("starsd.target")
 
@@ -20,9 +20,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--draft", default="", metavar="HOST:PORT", help="the draft server; empty: decode alone (target-only)"
     )
-    parser.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=defaults.TARGET_HTTP_PORT,
+        help=f"HTTP port (default {defaults.TARGET_HTTP_PORT})",
+    )
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
-    parser.add_argument("--gamma", type=int, default=4, help="tokens drafted per round, 1..16 (default 4)")
+    add_gamma_arg(parser)
     parser.add_argument(
         "--adaptive-gamma",
         action="store_true",
@@ -33,7 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--draft-timeout",
         type=float,
-        default=2.0,
+        default=defaults.DRAFT_TIMEOUT_SECONDS,
         help="seconds a round waits for the draft before decoding alone",
     )
     parser.add_argument(
@@ -44,7 +49,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     batching = parser.add_argument_group("batching (continuous: one forward pass per step over every ready session)")
     batching.add_argument(
-        "--max-num-seqs", type=int, default=64, help="completions running at once, and rows of one step (default 64)"
+        "--max-num-seqs",
+        type=int,
+        default=defaults.MAX_NUM_SEQS,
+        help=f"completions running at once, and rows of one step (default {defaults.MAX_NUM_SEQS})",
     )
     batching.add_argument(
         "--kv-cache-tokens",
@@ -57,24 +65,42 @@ def configure(parser: argparse.ArgumentParser) -> None:
     batching.add_argument(
         "--gpu-memory-fraction",
         type=float,
-        default=DEFAULT_GPU_MEMORY_FRACTION,
-        help="CUDA only: the share of the GPU's memory the weights and the key/value cache may use (default 0.9)",
+        default=defaults.GPU_MEMORY_FRACTION,
+        help="CUDA only: the share of the GPU's memory the weights and the key/value cache may use "
+        f"(default {defaults.GPU_MEMORY_FRACTION:g})",
     )
     batching.add_argument(
         "--max-prefill-tokens",
         type=int,
-        default=512,
-        help="prompt tokens fed per session and step; longer prompts are prefilled in chunks (default 512)",
+        default=defaults.MAX_PREFILL_TOKENS,
+        help="prompt tokens fed per session and step; longer prompts are prefilled in chunks "
+        f"(default {defaults.MAX_PREFILL_TOKENS})",
     )
     parser.add_argument(
         "--max-concurrency",
         type=int,
-        default=256,
-        help="completions accepted at once, running or waiting for a slot; more get 429 (default 256)",
+        default=defaults.TARGET_MAX_CONCURRENCY,
+        help="completions accepted at once, running or waiting for a slot; more get 429 "
+        f"(default {defaults.TARGET_MAX_CONCURRENCY})",
     )
-    parser.add_argument("--max-tokens-cap", type=int, default=4096, help="largest max_tokens accepted (default 4096)")
-    parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
-    parser.add_argument("--top-k", type=int, default=8, help="support of sampled proposals (default 8)")
+    parser.add_argument(
+        "--max-tokens-cap",
+        type=int,
+        default=defaults.MAX_TOKENS_CAP,
+        help=f"largest max_tokens accepted (default {defaults.MAX_TOKENS_CAP})",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=defaults.MAX_BODY_BYTES,
+        help=f"largest request body in bytes (default {defaults.MAX_BODY_BYTES})",
+    )
+    parser.add_argument(
+        "--top-k",
+        type=int,
+        default=defaults.PROPOSAL_TOP_K,
+        help=f"support of sampled proposals (default {defaults.PROPOSAL_TOP_K})",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: $STARSD_TORCH_THREADS or 1)")
     parser.add_argument("--draft-tls-ca", type=Path, help="PEM CA bundle: reach the draft over TLS")
     parser.add_argument(
@@ -88,8 +114,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from starsd.runners import ModelLoadError, load_checkpoint, set_threads
 
-    if not 1 <= args.gamma <= 16:
-        return fail(f"--gamma must be in 1..16, got {args.gamma}")
+    if (problem := gamma_error(args.gamma)) is not None:
+        return fail(problem)
     if args.max_concurrency < 1 or args.max_tokens_cap < 1:
         return fail("--max-concurrency and --max-tokens-cap must be >= 1")
     if args.max_num_seqs < 1 or args.max_prefill_tokens < 1 or (args.kv_cache_tokens or 1) < 1:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from starsd import defaults
 from starsd.draft.buffer import RequestBuffer
 from starsd.draft.load import LoadTracker
 from starsd.draft.metrics import DraftMetrics
@@ -26,17 +27,17 @@ from starsd.proto import starsd_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TOP_K = 8
+DEFAULT_TOP_K = defaults.PROPOSAL_TOP_K  # a request that names no top_k
 MAX_TOP_K = 64
 
 
 @dataclass(frozen=True)
 class DraftConfig:
-    max_gamma: int = 16
-    max_sessions: int = 1024
-    idle_timeout: float = 300.0  # seconds without a request before a session is freed
+    max_gamma: int = defaults.GAMMA_MAX
+    max_sessions: int = defaults.DRAFT_MAX_SESSIONS
+    idle_timeout: float = defaults.DRAFT_IDLE_TIMEOUT_SECONDS  # seconds without a request before a session is freed
     max_batch: int = 1  # requests drafted together in one step
-    schedule: str = "fifo"  # fifo | fair
+    schedule: str = defaults.DRAFT_SCHEDULES[0]  # fifo | fair
     load_window: float = 10.0
     gather_seconds: float = 0.003  # the longest a batch waits for the rest of a burst (see starsd.draft.buffer)
 

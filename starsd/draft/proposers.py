@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from starsd.drafting import DraftRequest, Proposal
+from starsd.model import BatchCurve
 
 if TYPE_CHECKING:
     from starsd.runners import LoadedModel
@@ -70,37 +70,15 @@ class ModelProposer:
         pass
 
 
-def parse_batch_curve(text: str) -> dict[int, float]:
-    """Parse ``"1:0.004,8:0.006"`` (batch size: seconds) into a service-time curve."""
-    curve: dict[int, float] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        size, _, seconds = part.partition(":")
-        try:
-            b, s = int(size), float(seconds)
-        except ValueError:
-            raise ValueError(f"bad batch-curve entry {part!r}: expected BATCH:SECONDS, e.g. 8:0.006") from None
-        if b < 1 or s < 0:
-            raise ValueError(f"bad batch-curve entry {part!r}: batch >= 1 and seconds >= 0")
-        curve[b] = s
-    if 1 not in curve:
-        raise ValueError("a batch curve needs the one-request time (an entry 1:SECONDS)")
-    return curve
-
-
-def curve_time(curve: dict[int, float], batch: int) -> float:
-    """Service time of a batch, interpolating linearly between measured sizes (flat beyond the last)."""
-    sizes = sorted(curve)
-    if batch <= sizes[0]:
-        return curve[sizes[0]]
-    for lo, hi in itertools.pairwise(sizes):
-        if batch <= hi:
-            return curve[lo] + (curve[hi] - curve[lo]) * (batch - lo) / (hi - lo)
-    last = sizes[-1]
-    prev = sizes[-2] if len(sizes) > 1 else None
-    if prev is None:
-        return curve[last] * batch / last  # one point: assume linear growth beyond it
-    slope = (curve[last] - curve[prev]) / (last - prev)
-    return curve[last] + slope * (batch - last)
+def curve_time(curve: BatchCurve, batch: int) -> float:
+    """Service time of a batch: the curve's ``Tq(B)`` within its points, extended along its last slope beyond
+    them (a single point: proportional to the batch), since an emulated draft must serve any batch size."""
+    if batch <= curve.max_batch:
+        return curve.tq(batch)
+    if len(curve.points) == 1:
+        return curve.tq(1) * batch  # one point, B=1: assume linear growth beyond it
+    (b0, t0), (b1, t1) = curve.points[-2:]
+    return t1 + (t1 - t0) / (b1 - b0) * (batch - b1)
 
 
 class EmulatedProposer:
@@ -115,12 +93,13 @@ class EmulatedProposer:
         self,
         service_time: float,
         vocab_size: int = 32000,
-        batch_curve: dict[int, float] | None = None,
+        batch_curve: BatchCurve | None = None,
         token_time: float = 0.0,
     ):
         if service_time < 0 or token_time < 0:
             raise ValueError("the emulated service and token times must be >= 0")
-        self.curve = batch_curve or {1: service_time}
+        self.service_time = service_time
+        self.curve = batch_curve
         self.token_time = token_time
         self.info = ProposerInfo("emulated", vocab_size, "emulated", 1 << 20, device="emulated", dtype="emulated")
 
@@ -128,7 +107,9 @@ class EmulatedProposer:
         return None
 
     def propose_batch(self, batch: list[ProposalRequest]) -> list[Proposal]:
-        _hold(curve_time(self.curve, len(batch)) + self.token_time * max(r.gamma for r in batch))
+        n = len(batch)
+        service = self.service_time * n if self.curve is None else curve_time(self.curve, n)  # no curve: no gain
+        _hold(service + self.token_time * max(r.gamma for r in batch))
         return [Proposal(token_ids=[i % self.info.vocab_size for i in range(r.gamma)]) for r in batch]
 
     def check(self) -> None:

@@ -13,6 +13,7 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from starsd import defaults
 from starsd.draft.core import DraftConfig, DraftCore
 from starsd.draft.proposers import Proposer
 from starsd.draft.servicer import DraftServicer
@@ -27,9 +28,9 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 @dataclass(frozen=True)
 class DraftServerOptions:
     host: str = "0.0.0.0"
-    port: int = 50051
+    port: int = defaults.DRAFT_GRPC_PORT
     metrics_host: str = "0.0.0.0"
-    metrics_port: int | None = 9090
+    metrics_port: int | None = defaults.DRAFT_METRICS_PORT
     tls_cert: Path | None = None
     tls_key: Path | None = None
     sweep_interval: float = 5.0

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from starsd import defaults
+
 
 class RequestError(Exception):
     def __init__(self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None) -> None:
@@ -33,7 +35,7 @@ class Limits:
 
     vocab_size: int
     max_context: int  # prompt + completion tokens
-    max_tokens_cap: int = 4096  # the largest max_tokens accepted
+    max_tokens_cap: int = defaults.MAX_TOKENS_CAP  # the largest max_tokens accepted
     max_stop: int = 4  # OpenAI's limit on stop sequences
     max_stop_chars: int = 256
     max_prompt_chars: int = 1_000_000

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import grpc
 
+from starsd import defaults
 from starsd.adaptive import AcceptanceEstimate, choose_gamma, ewma
 from starsd.proto import starsd_pb2 as pb
 from starsd.proto import starsd_pb2_grpc as pb_grpc
@@ -43,12 +44,12 @@ class Demand:
 
 @dataclass(frozen=True)
 class DraftClientOptions:
-    deadline: float = 2.0  # seconds a round waits for the draft before decoding alone
+    deadline: float = defaults.DRAFT_TIMEOUT_SECONDS  # seconds a round waits for the draft before decoding alone
     connect_timeout: float = 5.0
     backoff_initial: float = 0.1
     backoff_max: float = 2.0
     cooldown_rounds: int = 8  # rounds decoded alone after a missed deadline before asking again
-    top_k: int = 8  # support of sampled proposals
+    top_k: int = defaults.PROPOSAL_TOP_K  # support of sampled proposals
     tls_ca: Path | None = None  # PEM CA bundle: talk TLS to the draft
 
 
@@ -78,7 +79,6 @@ class DraftClient:
         self._pending: dict[tuple[int, int], asyncio.Future[pb.ProposeResponse | None]] = {}
         self._task: asyncio.Task[None] | None = None
         self._session_ids = itertools.count(int.from_bytes(os.urandom(4), "big") << 20 | 1)
-        self._connected_event = asyncio.Event()
         self.demand: Callable[[], Demand] = Demand  # the engine sets its own reader
 
     def _channel(self) -> grpc.aio.Channel:
@@ -90,7 +90,8 @@ class DraftClient:
 
     async def fetch_info(self, timeout: float) -> pb.InfoResponse:
         async with self._channel() as channel:
-            return await pb_grpc.DraftStub(channel).Info(pb.InfoRequest(), timeout=timeout)
+            info: pb.InfoResponse = await pb_grpc.DraftStub(channel).Info(pb.InfoRequest(), timeout=timeout)
+            return info
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="draft-client")
@@ -100,13 +101,6 @@ class DraftClient:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-
-    async def wait_connected(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self._connected_event.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
 
     def new_session_id(self) -> int:
         return next(self._session_ids)
@@ -124,7 +118,6 @@ class DraftClient:
                 call = stub.Propose(self._requests(self._queue))
                 self.generation += 1
                 self.connected = True
-                self._connected_event.set()
                 backoff = self.options.backoff_initial
                 log.info("connected to the draft %r at %s", info.model_name, self.address)
                 async for response in call:
@@ -142,7 +135,6 @@ class DraftClient:
             finally:
                 was_connected = self.connected
                 self.connected = False
-                self._connected_event.clear()
                 self._queue.put_nowait(None)
                 for future in self._pending.values():
                     if not future.done():

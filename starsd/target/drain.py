@@ -18,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class Drain:
         return True
 
     @web.middleware
-    async def middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if self.draining and request.method == "GET" and request.path == READY_PATH:
             return web.json_response({"status": "draining", "in_flight": self.in_flight}, status=503)
         if not _is_work(request):

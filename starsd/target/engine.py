@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from starsd import defaults
 from starsd.runners import LoadedModel
 from starsd.sampling import SamplingParams, target_generator
 from starsd.seeding import request_seed
@@ -30,9 +31,9 @@ from starsd.target.scheduler import KvBudget, StepScheduler
 class BatchOptions:
     """How much one target runs at once (see starsd.target.scheduler)."""
 
-    max_num_seqs: int = 64  # sessions in one step, and completions running at once
+    max_num_seqs: int = defaults.MAX_NUM_SEQS  # sessions in one step, and completions running at once
     kv_cache_tokens: int | None = None  # key/value tokens reserved at most; None: see kv_budget_tokens
-    max_prefill_tokens: int = 512  # prompt tokens fed per session and step (longer prompts go in chunks)
+    max_prefill_tokens: int = defaults.MAX_PREFILL_TOKENS  # prompt tokens fed per session and step (then chunks)
 
 
 @dataclass
@@ -120,7 +121,7 @@ def first_end(tokens: list[int], end_ids: tuple[int, ...]) -> int | None:
 class TargetEngine:
     loaded: LoadedModel
     draft: DraftClient | None
-    gamma: int = 4  # tokens drafted per round; with adaptive_gamma, the most a round asks for
+    gamma: int = defaults.GAMMA  # tokens drafted per round; with adaptive_gamma, the most a round asks for
     adaptive_gamma: bool = False
     metrics: TargetMetrics = field(default_factory=TargetMetrics)
     batching: BatchOptions = field(default_factory=BatchOptions)

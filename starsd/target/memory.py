@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from starsd import defaults
+
 if TYPE_CHECKING:  # torch only when a budget is computed: the CLI imports this module's default
     import torch
 
-DEFAULT_GPU_MEMORY_FRACTION = 0.9  # --gpu-memory-fraction
+DEFAULT_GPU_MEMORY_FRACTION = defaults.GPU_MEMORY_FRACTION  # --gpu-memory-fraction
 
 
 def kv_geometry(config: Any) -> tuple[int, int, int]:
@@ -33,7 +35,8 @@ def kv_budget_tokens(loaded: Any, max_num_seqs: int, gpu_memory_fraction: float)
 
     device = loaded.device
     if device.type != "cuda":
-        return max_num_seqs * loaded.max_context
+        context: int = loaded.max_context
+        return max_num_seqs * context
     total = torch.cuda.get_device_properties(device).total_memory
     free_for_cache = total * gpu_memory_fraction - torch.cuda.memory_allocated(device)
     per_token = kv_bytes_per_token(loaded.model.config, loaded.placement.dtype)

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from starsd import __version__
+from starsd import __version__, defaults
 from starsd.sampling import SamplingParams
 from starsd.target import drain
 from starsd.target.api import (
@@ -42,9 +43,9 @@ log = logging.getLogger(__name__)
 class TargetServerOptions:
     target_id: str
     served_model: str
-    max_concurrency: int = 64  # completions at once; more are answered 429 with Retry-After
-    max_body_bytes: int = 1 << 20
-    max_tokens_cap: int = 4096
+    max_concurrency: int = defaults.TARGET_MAX_CONCURRENCY  # completions at once; more get 429 with Retry-After
+    max_body_bytes: int = defaults.MAX_BODY_BYTES
+    max_tokens_cap: int = defaults.MAX_TOKENS_CAP
     chat_template: str | None = None  # overrides the checkpoint's (``--chat-template FILE``)
 
 
@@ -95,7 +96,7 @@ class TargetApp:
         return app
 
     @web.middleware
-    async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
         except RequestError as err:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from starsd.local import LocalStar
-from starsd.runners import LoadedModel, autoregressive_reference, load_checkpoint
+from starsd.runners import LoadedModel, load_checkpoint
+from tests.support.reference import autoregressive_reference
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from starsd_operator import children, disruption
+from starsd_operator import children
 from starsd_operator.podspec import Images
 from starsd_operator.spec import SpecError, parse
+
+from starsd import defaults
 
 from . import factories as f
 
@@ -39,7 +41,7 @@ def test_max_unavailable_is_configurable_per_pool_and_for_the_draft() -> None:
     found = budgets(spec)
     assert found["chat-draft"]["spec"]["maxUnavailable"] == 2
     assert found["chat-target-h100"]["spec"]["maxUnavailable"] == "25%"
-    assert found["chat-target-l4"]["spec"]["maxUnavailable"] == disruption.DEFAULT_MAX_UNAVAILABLE
+    assert found["chat-target-l4"]["spec"]["maxUnavailable"] == defaults.MAX_UNAVAILABLE
 
 
 def test_a_pool_without_replicas_has_no_budget() -> None:
@@ -51,10 +53,3 @@ def test_a_pool_without_replicas_has_no_budget() -> None:
 def test_a_bad_max_unavailable_is_named(value: Any) -> None:
     with pytest.raises(SpecError, match=r"spec\.pools\[0\]\.disruption\.maxUnavailable"):
         parse(f.spec(pools=[{"name": "a", "disruption": {"maxUnavailable": value}}]))
-
-
-def test_the_crd_default_is_the_operators() -> None:
-    schema = f.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
-    for node in (schema["draft"], schema["pools"]["items"]):
-        default = node["properties"]["disruption"]["properties"]["maxUnavailable"]["default"]
-        assert default == disruption.DEFAULT_MAX_UNAVAILABLE

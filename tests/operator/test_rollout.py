@@ -341,15 +341,6 @@ def test_spec_rollout_defaults_and_bad_values_are_named() -> None:
         parse(f.spec(target={"model": {"path": "/m"}, "rollout": 5}))
 
 
-def test_the_crd_declares_the_operators_rollout_defaults() -> None:
-    target = f.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["target"]
-    props = target["properties"]["rollout"]["properties"]
-    assert props["minReadySeconds"]["default"] == rollout.DEFAULT_MIN_READY_SECONDS
-    assert props["progressDeadlineSeconds"]["default"] == rollout.DEFAULT_PROGRESS_DEADLINE_SECONDS
-    assert props["minReadySeconds"]["maximum"] == rollout.MAX_MIN_READY_SECONDS
-    assert props["progressDeadlineSeconds"]["maximum"] == rollout.MAX_PROGRESS_DEADLINE_SECONDS
-
-
 def test_the_statefulset_carries_its_partition_min_ready_and_a_hash_that_only_the_template_moves() -> None:
     spec = parse(f.spec(target={"model": {"path": "/m"}, "rollout": {"minReadySeconds": 15}}))
     pool = spec.pools[0]

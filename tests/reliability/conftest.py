@@ -22,10 +22,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from starsd import procfs
-from starsd.faults import ThreadedFaultProxy
 from starsd.local import LocalStar, Proc, default_models_dir, free_port, http_json
 from starsd.runners import load_checkpoint
 from tests.integration.conftest import PROMPTS, Reference
+from tests.support.faults import ThreadedFaultProxy
 
 SOAK = os.environ.get("STARSD_SOAK") == "1"
 DRAFT_TIMEOUT = 1.0  # the star's targets: --draft-timeout (seconds a round waits for the draft)

@@ -9,10 +9,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
-from starsd.faults import FaultProxy, ThreadedFaultProxy
+from tests.support.faults import FaultProxy, ThreadedFaultProxy
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -202,7 +203,8 @@ def test_the_threaded_proxy_is_driven_from_synchronous_code() -> None:
 
 def test_the_command_line_refuses_a_non_loopback_upstream() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "starsd.faults", "--upstream", "10.0.0.1:50051"],
+        [sys.executable, "-m", "tests.support.faults", "--upstream", "10.0.0.1:50051"],
+        cwd=Path(__file__).resolve().parents[2],  # the repository root, where `tests` is importable
         capture_output=True,
         text=True,
         timeout=60,

@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from starsd.faults import ThreadedFaultProxy
 from tests.integration.conftest import PROMPTS, Reference
 from tests.reliability import workload
 from tests.reliability.conftest import (
@@ -39,6 +38,7 @@ from tests.reliability.conftest import (
 )
 from tests.reliability.test_load import MAX_TOKENS, greedy_mismatches, prime_oracle
 from tests.reliability.workload import HeldStream, Outcome, Workload
+from tests.support.faults import ThreadedFaultProxy
 
 RUN_CAP = 900.0  # seconds: the most any faulted load may run (the faults end it much earlier)
 

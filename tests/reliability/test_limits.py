@@ -20,7 +20,6 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from starsd.faults import ThreadedFaultProxy
 from starsd.local import http_json
 from starsd.proto import starsd_pb2 as pb
 from starsd.proto import starsd_pb2_grpc as pb_grpc
@@ -36,6 +35,7 @@ from tests.reliability.conftest import (
     wait_sessions_freed,
 )
 from tests.reliability.workload import HeldStream
+from tests.support.faults import ThreadedFaultProxy
 
 MAX_BODY = 65536
 TOKENS_CAP = 64

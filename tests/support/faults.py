@@ -16,7 +16,8 @@ per direction the bytes read ahead of the writer (``max_chunks`` chunks of ``chu
 proxy stops reading and TCP flow control pushes back on the sender.
 
 It listens and connects on loopback only: it is a test and debugging tool, not a network component.
-``python -m starsd.faults --upstream 127.0.0.1:50051 --port 50052 --delay 0.2`` runs one from a shell.
+``python -m tests.support.faults --upstream 127.0.0.1:50051 --port 50052 --delay 0.2`` runs one from a shell
+(in the repository root).
 """
 
 from __future__ import annotations
@@ -305,7 +306,7 @@ def _host_port(value: str) -> tuple[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m starsd.faults",
+        prog="python -m tests.support.faults",
         description="A loopback TCP proxy that adds delay to a link (to see how targets ride out a slow draft).",
     )
     parser.add_argument("--upstream", type=_host_port, required=True, metavar="HOST:PORT", help="where to relay to")
