@@ -13,34 +13,25 @@ process on loopback, with emulated targets (real gRPC clients) in this process.
 
 from __future__ import annotations
 
-import asyncio
-import itertools
-import math
-import random
+import contextlib
+import functools
 import statistics
-import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
-import grpc
-
-from starsd.adaptive import AcceptanceEstimate, choose_gamma, ewma
-from starsd.bench.draft_process import DraftProcess, process_cpu_seconds
-from starsd.bench.targets import (
-    EmulatedTarget,
-    TargetRun,
-    TargetSpec,
-    end_stream,
-    exchange,
-    fetch_vocab_size,
-    open_channel,
+from starsd.bench.emulated import EmulatedTarget, RoundDraws, TargetRun, TargetSpec
+from starsd.bench.harness import (
+    DraftEndpoint,
+    Window,
+    differences,
+    draft_info,
+    local_draft,
+    metrics_probe,
+    run_window,
+    window_counts,
 )
 from starsd.proto import starsd_pb2 as pb
-from starsd.proto import starsd_pb2_grpc as pb_grpc
-
-_session_ids = itertools.count(1_000_000)
-
 
 # --- pure parts --------------------------------------------------------------------------------------------
 
@@ -57,17 +48,6 @@ def jain_index(values: Sequence[float]) -> float:
     return sum(values) ** 2 / (len(values) * squares)
 
 
-def window_counts(runs: Sequence[TargetRun], start: float, end: float) -> tuple[int, int]:
-    """(rounds, committed tokens) of ``runs`` whose round was committed inside ``[start, end)``."""
-    rounds = tokens = 0
-    for run in runs:
-        for r in run.rounds:
-            if start <= r.committed < end:
-                rounds += 1
-                tokens += r.tokens
-    return rounds, tokens
-
-
 def per_target_throughput(runs: Sequence[TargetRun], start: float, end: float) -> dict[str, float]:
     """Committed tokens/s per target id (several runs may share one id: one per session)."""
     if end <= start:
@@ -81,94 +61,6 @@ def per_target_throughput(runs: Sequence[TargetRun], start: float, end: float) -
 
 def ratio(a: float, b: float) -> float | None:
     return a / b if b > 0 else None
-
-
-# --- running targets against a draft ------------------------------------------------------------------------
-
-
-async def _run_window(
-    address: str,
-    make: Callable[[grpc.aio.Channel, int], Any],
-    count: int,
-    warmup: float,
-    duration: float,
-    probe: Callable[[], Awaitable[dict[str, float]]] | None = None,
-) -> tuple[list[TargetRun], float, float]:
-    """Start ``count`` targets (``make(channel, i)``), measure ``[warmup, warmup + duration)``, stop them.
-
-    ``probe`` (optional) is awaited at both ends of the window; its readings are left in ``last_probe``.
-    """
-    stop = asyncio.Event()
-    channels = [open_channel(address) for _ in range(count)]
-    try:
-        targets = [make(ch, i) for i, ch in enumerate(channels)]
-        tasks = [asyncio.create_task(t.run(stop)) for t in targets]
-        begun = time.perf_counter()
-        await asyncio.sleep(warmup)
-        before = await probe() if probe else {}
-        await asyncio.sleep(max(0.0, begun + warmup + duration - time.perf_counter()))
-        after = await probe() if probe else {}
-        last_probe.clear()
-        last_probe.update({k: after[k] - before[k] for k in after if k in before})
-        stop.set()
-        runs: list[TargetRun] = list(await asyncio.gather(*tasks))
-    finally:
-        for ch in channels:
-            await ch.close()
-    errors = [r.error for r in runs if r.error]
-    if errors:
-        raise RuntimeError(f"{len(errors)} targets failed, e.g. {errors[0]}")
-    return runs, begun + warmup, begun + warmup + duration
-
-
-last_probe: dict[str, float] = {}  # the probe's differences over the last window
-
-
-async def _with_draft(extra: list[str], body: Callable[[str, int], Any]) -> Any:
-    proc = DraftProcess(extra)
-    endpoint = await proc.start()
-    try:
-        vocab = await fetch_vocab_size(endpoint.address)
-        return await body(endpoint.address, vocab)
-    finally:
-        proc.stop()
-
-
-def parse_metrics(text: str, names: Sequence[str]) -> dict[str, float]:
-    """The values of the named samples in Prometheus text (``name value`` lines, no labels)."""
-    wanted = set(names)
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] in wanted:
-            out[parts[0]] = float(parts[1])
-    return out
-
-
-DRAFT_SAMPLES = (
-    "starsd_draft_batch_size_sum",
-    "starsd_draft_batch_size_count",
-    "starsd_draft_busy_seconds_total",
-)
-
-
-def draft_probe(metrics_url: str, pid: int | None) -> Callable[[], Awaitable[dict[str, float]]]:
-    """Reads the draft's batch and busy counters from /metrics, its CPU seconds from /proc, and the clock."""
-    import aiohttp
-
-    async def probe() -> dict[str, float]:
-        async with (
-            aiohttp.ClientSession() as http,
-            http.get(metrics_url, timeout=aiohttp.ClientTimeout(total=5)) as resp,
-        ):
-            values = parse_metrics(await resp.text(), DRAFT_SAMPLES)
-        cpu = process_cpu_seconds(pid) if pid else None
-        if cpu is not None:
-            values["cpu_seconds"] = cpu
-        values["wall_seconds"] = time.perf_counter()
-        return values
-
-    return probe
 
 
 # --- 1. capacity ---------------------------------------------------------------------------------------------
@@ -202,9 +94,7 @@ class CapacitySummary:
 
 
 async def _capacity_window(
-    address: str,
-    vocab: int,
-    probe: Callable[[], Awaitable[dict[str, float]]],
+    endpoint: DraftEndpoint,
     batch: int,
     sessions: int,
     gamma: int,
@@ -212,29 +102,35 @@ async def _capacity_window(
     duration: float,
     session_tokens: int,
 ) -> CapacityPoint:
+    info = await draft_info(endpoint.address)
     spec = TargetSpec(
         gamma=gamma,
         betas=(0.7,) * gamma,
         verify_seconds=0.0,
         wire_seconds=0.0,
-        vocab_size=vocab,
+        vocab_size=int(info.vocab_size),
         session_tokens=session_tokens,
     )
-    runs, t0, t1 = await _run_window(
-        address, lambda ch, i: EmulatedTarget(f"t{i}", ch, spec, seed=i), sessions, warmup, duration, probe
+    w = await run_window(
+        lambda i: EmulatedTarget(f"t{i}", endpoint.address, info, spec, seed=i),
+        sessions,
+        warmup,
+        duration,
+        metrics_probe(endpoint),
     )
-    d = dict(last_probe)
+    d = differences(w.before, w.after)
     wall = d.get("wall_seconds", 0.0)
-    rounds, tokens = window_counts(runs, t0, t1)
-    services = [r.service for run in runs for r in run.rounds if t0 <= r.committed < t1]
+    rounds, tokens = window_counts(w.runs, w.t0, w.t1)
+    services = [r.service for run in w.runs for r in run.rounds if w.t0 <= r.committed < w.t1]
+    span = w.t1 - w.t0
     return CapacityPoint(
         batch,
         sessions,
         gamma,
         rounds,
-        t1 - t0,
-        rounds / (t1 - t0),
-        tokens / (t1 - t0),
+        span,
+        rounds / span,
+        tokens / span,
         statistics.median(services) * 1e3 if services else 0.0,
         ratio(d.get("starsd_draft_batch_size_sum", 0.0), d.get("starsd_draft_batch_size_count", 0.0)),
         ratio(d.get("starsd_draft_busy_seconds_total", 0.0), wall),
@@ -258,31 +154,24 @@ async def measure_capacity(
     Interleaving (1, 8, 1, 8, ...) puts every batch size under the same slow drifts of a shared machine, and
     each pass gives its own speedup; the summary takes medians.
     """
-    procs = {
-        b: DraftProcess(["--model", draft_model, "--max-batch", str(b), "--max-sessions", str(4 * sessions + 64)])
-        for b in dict.fromkeys(batches)
-    }
     points: list[CapacityPoint] = []
-    try:
-        endpoints = {b: await proc.start() for b, proc in procs.items()}
-        vocab = await fetch_vocab_size(endpoints[batches[0]].address)
+    async with contextlib.AsyncExitStack() as drafts:
+        endpoints = {
+            b: await drafts.enter_async_context(
+                local_draft(["--model", draft_model, "--max-batch", str(b), "--max-sessions", str(4 * sessions + 64)])
+            )
+            for b in dict.fromkeys(batches)
+        }
         for repeat in range(repeats):
             first: CapacityPoint | None = None
-            for b, proc in procs.items():
-                url = f"http://127.0.0.1:{proc.metrics_port}/metrics"
-                probe = draft_probe(url, endpoints[b].pid)
-                point = await _capacity_window(
-                    endpoints[b].address, vocab, probe, b, sessions, gamma, warmup, duration, session_tokens
-                )
+            for b, endpoint in endpoints.items():
+                point = await _capacity_window(endpoint, b, sessions, gamma, warmup, duration, session_tokens)
                 point.repeat = repeat
                 first = first or point
                 point.speedup = ratio(point.requests_per_s, first.requests_per_s)
                 points.append(point)
                 if progress:
                     progress(f"  pass {repeat + 1}/{repeats} max-batch {b}: {point.requests_per_s:.1f} requests/s")
-    finally:
-        for proc in procs.values():
-            proc.stop()
     return points
 
 
@@ -368,18 +257,18 @@ async def measure_fairness(
     points: list[FairnessPoint] = []
     for schedule in schedules:
         extra = ["--emulate-service-time", repr(tq), "--schedule", schedule, "--max-sessions", "256"]
-
-        async def body(address: str, vocab: int, schedule: str = schedule) -> FairnessPoint:
-            spec = TargetSpec(
-                gamma=gamma, betas=(alpha,) * gamma, verify_seconds=tp, wire_seconds=0.0, vocab_size=vocab
-            )
-            runs, t0, t1 = await _run_window(
-                address, lambda ch, i: EmulatedTarget(ids[i], ch, spec, seed=i), len(ids), warmup, duration
-            )
-            return fairness_point(schedule, per_target_throughput(runs, t0, t1))
-
-        points.append(await _with_draft(extra, body))
+        async with local_draft(extra) as endpoint:
+            info = await draft_info(endpoint.address)
+            spec = TargetSpec(gamma, (alpha,) * gamma, tp, 0.0, int(info.vocab_size))
+            # A target with several sessions is emulated as that many one-session targets under its id.
+            make = functools.partial(_skewed_target, ids, endpoint.address, info, spec)
+            w: Window[None] = await run_window(make, len(ids), warmup, duration)
+        points.append(fairness_point(schedule, per_target_throughput(w.runs, w.t0, w.t1)))
     return points
+
+
+def _skewed_target(ids: list[str], address: str, info: pb.InfoResponse, spec: TargetSpec, i: int) -> EmulatedTarget:
+    return EmulatedTarget(ids[i], address, info, spec, seed=i)
 
 
 def format_fairness(points: Sequence[FairnessPoint]) -> str:
@@ -399,128 +288,6 @@ def format_fairness(points: Sequence[FairnessPoint]) -> str:
 
 
 GammaPolicy = int | str  # a fixed gamma, or "adaptive"
-
-
-@dataclass
-class GammaRecord:
-    run: TargetRun
-    gammas: list[int] = field(default_factory=list)
-
-
-class RoundDraws:
-    """Which drafted tokens a target accepts, drawn per round index (common random numbers).
-
-    Round ``r`` of a target has its own ``width`` uniforms, the same under every policy: position ``j`` of
-    that round is accepted while ``u[r][j] < alpha``. A longer gamma accepts the same run as a shorter one,
-    plus what its extra positions add, so policies differ by their choices and not by the luck of the draws.
-    """
-
-    def __init__(self, alpha: float, seed: int, width: int) -> None:
-        self.alpha, self.width = alpha, width
-        self._rng = random.Random(seed)
-        self._rounds: list[list[float]] = []
-
-    def accepted(self, round_index: int, gamma: int) -> int:
-        if gamma > self.width:
-            raise ValueError(f"gamma {gamma} exceeds the {self.width} draws per round")
-        while len(self._rounds) <= round_index:
-            self._rounds.append([self._rng.random() for _ in range(self.width)])
-        draws = self._rounds[round_index]
-        run = 0
-        while run < gamma and draws[run] < self.alpha:
-            run += 1
-        return run
-
-
-class GammaTarget:
-    """An emulated target whose gamma is fixed or chosen per round with ``choose_gamma``.
-
-    Acceptance follows :class:`RoundDraws` with the profile's constant alpha. The adaptive choice sees
-    only what a real target measures: its acceptance, the draft's ``service_seconds`` per proposed token
-    and ``draft_sessions``, its own verify time, and the transfer time (its mean round trip less the draft's
-    queueing and compute, halved, as ``starsd target`` measures it).
-    """
-
-    def __init__(
-        self,
-        target_id: str,
-        channel: grpc.aio.Channel,
-        policy: GammaPolicy,
-        alpha: float,
-        tp: float,
-        tc: float,
-        vocab_size: int,
-        seed: int,
-        max_gamma: int = 8,
-        session_tokens: int = 512,
-        first_gamma: int = 4,
-    ) -> None:
-        self.first_gamma = min(first_gamma, max_gamma)
-        self.stub = pb_grpc.DraftStub(channel)
-        self.policy, self.alpha, self.tp, self.tc = policy, alpha, tp, tc
-        self.vocab_size, self.max_gamma, self.session_tokens = vocab_size, max_gamma, session_tokens
-        self.rng = random.Random(seed)
-        self.draws = RoundDraws(alpha, seed, max(max_gamma, first_gamma))
-        self.record = GammaRecord(TargetRun(target_id))
-
-    def _gamma(self, est: AcceptanceEstimate, token_time: float, tp: float, tc: float, sessions: int) -> int:
-        if isinstance(self.policy, int):
-            return self.policy
-        if token_time <= 0.0:  # nothing measured yet: the plain gamma for the first round
-            return self.first_gamma
-        return choose_gamma(est.alpha, token_time, tp, tc, sessions, self.max_gamma)
-
-    async def run(self, stop: asyncio.Event) -> TargetRun:
-        from starsd.bench.targets import Round
-
-        record = self.record.run
-        call = self.stub.Propose()
-        session, seq, committed = next(_session_ids), 1, 0
-        tokens = [self.rng.randrange(self.vocab_size) for _ in range(16)]
-        est = AcceptanceEstimate()
-        token_time, tp_seen, sessions = 0.0, self.tp, 1
-        transfer = float("nan")  # one way, loopback and protocol overhead included (mean, queueing excluded)
-        try:
-            while not stop.is_set():
-                tc_seen = self.tc + (0.0 if math.isnan(transfer) else transfer)
-                gamma = self._gamma(est, token_time, tp_seen, tc_seen, sessions)
-                self.record.gammas.append(gamma)
-                if seq == 1:
-                    record.sessions += 1
-                sent = time.perf_counter()
-                request = pb.ProposeRequest(
-                    target_id=record.target_id, session_id=session, seq=seq, tokens=tokens, gamma=gamma
-                )
-                response = await exchange(call, request, 30.0)
-                received = time.perf_counter()
-                proposed = list(response.token_ids)
-                service = float(response.service_seconds)
-                accepted = self.draws.accepted(len(record.rounds), len(proposed))
-                queued = float(response.queue_seconds)
-                transfer = ewma(transfer, max(0.0, (received - sent - service - queued) / 2))
-                before = time.perf_counter()
-                await asyncio.sleep(self.tp + 2 * self.tc)
-                committed_at = time.perf_counter()
-                record.rounds.append(Round(sent, received, committed_at, accepted + 1, accepted, service))
-                # What this target measured, for the next choice.
-                est.update(accepted, len(proposed))
-                if proposed:
-                    token_time = service / len(proposed)
-                sessions = max(1, int(response.draft_sessions))
-                tp_seen = max(0.0, committed_at - before - 2 * self.tc)
-                tokens = [*proposed[:accepted], self.rng.randrange(self.vocab_size)]
-                committed += accepted + 1
-                seq += 1
-                if committed >= self.session_tokens:
-                    await call.write(
-                        pb.ProposeRequest(target_id=record.target_id, session_id=session, seq=seq, release=True)
-                    )
-                    session, seq, committed = next(_session_ids), 1, 0
-            await end_stream(call, record.target_id, session, seq, 30.0)
-        except (grpc.aio.AioRpcError, RuntimeError, TimeoutError) as exc:
-            record.error = f"{type(exc).__name__}: {exc}"
-            call.cancel()
-        return record
 
 
 @dataclass
@@ -600,43 +367,41 @@ async def measure_gamma(
             "1024",
         ]
 
-        async def body(address: str, vocab: int, prof: profiles.Profile = prof, n_star: int = n_star) -> None:
-            policies: list[GammaPolicy] = [*gammas, "adaptive"]
+        async with local_draft(extra) as endpoint:
+            info = await draft_info(endpoint.address)
             for mult in n_multipliers:
                 n = n_star * mult
+                policies: list[GammaPolicy] = [*gammas, "adaptive"]
                 for policy in policies:
-                    made: list[GammaTarget] = []
+                    gamma = max_gamma if policy == "adaptive" else int(policy)
+                    spec = TargetSpec(
+                        gamma=gamma,
+                        betas=(prof.alpha,) * gamma,
+                        verify_seconds=prof.tp,
+                        wire_seconds=prof.tc,
+                        vocab_size=int(info.vocab_size),
+                        adaptive=policy == "adaptive",
+                    )
 
-                    def make(
-                        ch: grpc.aio.Channel, i: int, policy: GammaPolicy = policy, made: list[GammaTarget] = made
-                    ) -> GammaTarget:
-                        t = GammaTarget(
-                            f"t{i}",
-                            ch,
-                            policy,
-                            prof.alpha,
-                            prof.tp,
-                            prof.tc,
-                            vocab,
-                            i,
-                            max_gamma,
-                            first_gamma=prof.gamma,
-                        )
-                        made.append(t)
-                        return t
-
-                    runs, t0, t1 = await _run_window(address, make, n, warmup, duration)
-                    _, tokens = window_counts(runs, t0, t1)
-                    used = [g for t in made for g in t.record.gammas]
+                    width = max(max_gamma, *gammas)
+                    make = functools.partial(_gamma_target, endpoint.address, info, spec, prof.alpha, width)
+                    w: Window[None] = await run_window(make, n, warmup, duration)
+                    _, tokens = window_counts(w.runs, w.t0, w.t1)
+                    used = [g for run in w.runs for g in run.gammas]
                     point = GammaPoint(
-                        prof.name, n, str(policy), tokens / (t1 - t0), statistics.fmean(used) if used else 0.0
+                        prof.name, n, str(policy), tokens / (w.t1 - w.t0), statistics.fmean(used) if used else 0.0
                     )
                     points.append(point)
                     if progress:
                         progress(f"  {prof.name} N={n} gamma={policy}: {point.tokens_per_s:.1f} tokens/s")
-
-        await _with_draft(extra, body)
     return points
+
+
+def _gamma_target(
+    address: str, info: pb.InfoResponse, spec: TargetSpec, alpha: float, width: int, i: int
+) -> EmulatedTarget:
+    """Target ``i``: its acceptance draws are the same under every gamma policy (:class:`RoundDraws`)."""
+    return EmulatedTarget(f"t{i}", address, info, spec, seed=i, accept=RoundDraws(alpha, i, width).accepted)
 
 
 def format_gamma(points: Sequence[GammaPoint]) -> str:

@@ -1,9 +1,10 @@
 """The star benchmark: the real draft server, N emulated targets, a sweep over N, the model alongside.
 
 Processes: the draft runs in its own process (``starsd draft --emulate-service-time ...``, or a real
-checkpoint with ``--model``); all emulated targets share this process's asyncio loop. Each sweep point opens
-N streams, lets them run for a warm-up, measures for ``duration`` seconds, then lets every target finish its
-round and release its session.
+checkpoint with ``--model``); the N emulated targets (the product's target engine and draft link with an
+emulated model runner, :mod:`starsd.bench.emulated`) share this process's asyncio loop. Each sweep point
+opens N streams, lets them run for a warm-up, measures for ``duration`` seconds, then lets every target finish
+its round and release its session.
 
 Baselines, in the same run:
 
@@ -25,12 +26,13 @@ from typing import Any
 
 import aiohttp
 
-from starsd import model
+from starsd import model, procfs
 from starsd.bench import analysis
 from starsd.bench.analysis import ModelInputs, PointMeasurement, PointResult
-from starsd.bench.draft_process import DraftEndpoint, process_cpu_seconds, read_load
+from starsd.bench.emulated import EmulatedTarget, TargetSpec
+from starsd.bench.harness import DraftEndpoint, read_load, run_window
 from starsd.bench.profiles import Profile
-from starsd.bench.targets import EmulatedTarget, TargetSpec, loop_lag_monitor, open_channel
+from starsd.proto import starsd_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -71,48 +73,42 @@ def sweep_ns(requested: tuple[int, ...] | None, n_star: int) -> tuple[int, ...]:
     return tuple(sorted(ns))
 
 
+@dataclass(frozen=True)
+class _Reading:
+    """What is read at each end of a point's window."""
+
+    load: tuple[float, dict[str, Any]] | None  # the draft's /v1/load (and when it was read)
+    cpu: float  # this process's CPU seconds (the targets')
+    draft_cpu: float | None  # the draft process's
+
+
 async def measure_point(
     endpoint: DraftEndpoint,
+    info: pb.InfoResponse,
     n: int,
     spec: TargetSpec,
     cfg: StarConfig,
     http: aiohttp.ClientSession | None,
 ) -> PointMeasurement:
-    channels = [open_channel(endpoint.address) for _ in range(n)]
-    stop = asyncio.Event()
-    targets = [
-        EmulatedTarget(f"bench-n{n}-t{i}", ch, spec, seed=cfg.seed * 100_003 + n * 1_009 + i)
-        for i, ch in enumerate(channels)
-    ]
-    try:
-        lag_task = asyncio.create_task(loop_lag_monitor(stop, period=0.02))
-        tasks = [asyncio.create_task(t.run(stop)) for t in targets]
-        await asyncio.sleep(cfg.warmup)
-        start_busy = await _busy(http, endpoint)
-        t0 = time.perf_counter()
-        cpu0 = time.process_time()
-        draft_cpu0 = process_cpu_seconds(endpoint.pid) if endpoint.pid else None
-        await asyncio.sleep(cfg.duration)
-        t1 = time.perf_counter()
-        cpu1 = time.process_time()
-        draft_cpu1 = process_cpu_seconds(endpoint.pid) if endpoint.pid else None
-        end_busy = await _busy(http, endpoint)
-        stop.set()
-        runs = await asyncio.gather(*tasks)
-        lags = await lag_task
-    finally:
-        stop.set()
-        for ch in channels:
-            await ch.close()
-    m = PointMeasurement(n=n, runs=list(runs), t0=t0, t1=t1, loop_lags=lags, targets_cpu_seconds=cpu1 - cpu0)
-    if draft_cpu0 is not None and draft_cpu1 is not None:
-        m.draft_cpu_seconds = draft_cpu1 - draft_cpu0
-    if end_busy:
-        m.load = end_busy[1]
-    if start_busy and end_busy and "busy_seconds_total" in start_busy[1] and "busy_seconds_total" in end_busy[1]:
+    async def probe() -> _Reading:
+        busy = await _busy(http, endpoint)
+        return _Reading(busy, time.process_time(), procfs.cpu_seconds(endpoint.pid) if endpoint.pid else None)
+
+    def make(i: int) -> EmulatedTarget:
+        return EmulatedTarget(f"bench-n{n}-t{i}", endpoint.address, info, spec, seed=cfg.seed * 100_003 + n * 1_009 + i)
+
+    w = await run_window(make, n, cfg.warmup, cfg.duration, probe, strict=False)
+    assert w.before is not None and w.after is not None
+    start, end = w.before, w.after
+    m = PointMeasurement(n, w.runs, w.t0, w.t1, loop_lags=w.loop_lags, targets_cpu_seconds=end.cpu - start.cpu)
+    if start.draft_cpu is not None and end.draft_cpu is not None:
+        m.draft_cpu_seconds = end.draft_cpu - start.draft_cpu
+    if end.load:
+        m.load = end.load[1]
+    if start.load and end.load and "busy_seconds_total" in start.load[1] and "busy_seconds_total" in end.load[1]:
         # The draft's own busy counter across the window; without it, the targets' view stands in.
-        m.busy_seconds = float(end_busy[1]["busy_seconds_total"]) - float(start_busy[1]["busy_seconds_total"])
-        m.busy_span = end_busy[0] - start_busy[0]
+        m.busy_seconds = float(end.load[1]["busy_seconds_total"]) - float(start.load[1]["busy_seconds_total"])
+        m.busy_span = end.load[0] - start.load[0]
     return m
 
 
@@ -136,7 +132,7 @@ class StarReport:
         return {"config": self.config, "summary": self.summary, "results": [r.to_dict() for r in self.results]}
 
 
-async def run_star(cfg: StarConfig, endpoint: DraftEndpoint, vocab_size: int, progress: Any = None) -> StarReport:
+async def run_star(cfg: StarConfig, endpoint: DraftEndpoint, info: pb.InfoResponse, progress: Any = None) -> StarReport:
     """Sweep ``cfg.ns`` against a serving draft; baselines and the summary included."""
     p = cfg.profile
     spec = TargetSpec(
@@ -144,14 +140,14 @@ async def run_star(cfg: StarConfig, endpoint: DraftEndpoint, vocab_size: int, pr
         betas=cfg.betas,
         verify_seconds=p.tp,
         wire_seconds=p.tc,
-        vocab_size=vocab_size,
+        vocab_size=int(info.vocab_size),
         session_tokens=cfg.session_tokens,
     )
     measurements: list[PointMeasurement] = []
     load_before, pressure_before = _loadavg(), _cpu_pressure()
     async with aiohttp.ClientSession() as http:
         for n in cfg.ns:
-            m = await measure_point(endpoint, n, spec, cfg, http if endpoint.load_url else None)
+            m = await measure_point(endpoint, info, n, spec, cfg, http if endpoint.load_url else None)
             measurements.append(m)
             if progress:
                 progress(n, m)

@@ -209,9 +209,8 @@ def run_star_command(args: argparse.Namespace) -> int:
 
 async def _run(cfg: StarConfig, extra: list[str], args: argparse.Namespace) -> StarReport:
     from starsd.bench.analysis import PointMeasurement
-    from starsd.bench.draft_process import DraftEndpoint, DraftProcess, wait_until_serving
+    from starsd.bench.harness import DraftEndpoint, draft_info, local_draft, wait_until_serving
     from starsd.bench.star import run_star
-    from starsd.bench.targets import fetch_vocab_size
 
     started = time.perf_counter()
 
@@ -225,23 +224,20 @@ async def _run(cfg: StarConfig, extra: list[str], args: argparse.Namespace) -> S
                 file=sys.stderr,
             )
 
-    proc: DraftProcess | None = None
+    async def sweep(endpoint: DraftEndpoint) -> StarReport:
+        info = await draft_info(endpoint.address)
+        if not args.quiet:
+            print(f"sweeping N = {', '.join(map(str, cfg.ns))}", file=sys.stderr)
+        return await run_star(cfg, endpoint, info, progress)
+
     if args.draft_address:
         endpoint = DraftEndpoint(args.draft_address, args.draft_load_url)
         await wait_until_serving(endpoint.address, 30.0)
-    else:
-        proc = DraftProcess(extra)
-        if not args.quiet:
-            print(f"starting the draft: {' '.join(proc.command()[3:])}", file=sys.stderr)
-        endpoint = await proc.start()
-    try:
-        vocab = await fetch_vocab_size(endpoint.address)
-        if not args.quiet:
-            print(f"sweeping N = {', '.join(map(str, cfg.ns))}", file=sys.stderr)
-        return await run_star(cfg, endpoint, vocab, progress)
-    finally:
-        if proc is not None:
-            proc.stop()
+        return await sweep(endpoint)
+    if not args.quiet:
+        print(f"starting the draft: starsd draft {' '.join(extra)}", file=sys.stderr)
+    async with local_draft(extra) as endpoint:
+        return await sweep(endpoint)
 
 
 # --- issue 9: batched drafting, fair scheduling, adaptive gamma; and the protocol overhead -------------------
