@@ -17,8 +17,7 @@ import contextlib
 import functools
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 from starsd.bench.emulated import EmulatedTarget, RoundDraws, TargetRun, TargetSpec
 from starsd.bench.harness import (
@@ -31,6 +30,7 @@ from starsd.bench.harness import (
     run_window,
     window_counts,
 )
+from starsd.bench.report import Column, Machine, table
 from starsd.proto import starsd_pb2 as pb
 
 # --- pure parts --------------------------------------------------------------------------------------------
@@ -194,31 +194,47 @@ def summarise_capacity(points: Sequence[CapacityPoint]) -> list[CapacitySummary]
     return out
 
 
-def format_capacity(points: Sequence[CapacityPoint]) -> str:
-    def opt(v: float | None, spec: str) -> str:
-        return format(v, spec) if v is not None else "-"
+CAPACITY_COLUMNS: list[Column[CapacityPoint]] = [
+    Column("pass", lambda p: p.repeat + 1, "d", 4),
+    Column("max-batch", lambda p: p.max_batch, "d", 10),
+    Column("sessions", lambda p: p.sessions, "d", 9),
+    Column("gamma", lambda p: p.gamma, "d", 6),
+    Column("requests/s", lambda p: p.requests_per_s, ".1f", 12),
+    Column("tokens/s", lambda p: p.tokens_per_s, ".1f", 10),
+    Column("ms/req", lambda p: p.service_p50_ms, ".2f", 8),
+    Column("batch", lambda p: p.mean_batch, ".2f", 7),
+    Column("busy", lambda p: p.draft_busy, ".2f", 6),
+    Column("cpu", lambda p: p.draft_cpu, ".2f", 6),
+    Column("x first", lambda p: p.speedup, ".2f", 9),
+]
 
-    lines = [
-        f"{'pass':>4}{'max-batch':>10}{'sessions':>9}{'gamma':>6}{'requests/s':>12}{'tokens/s':>10}{'ms/req':>8}"
-        f"{'batch':>7}{'busy':>6}{'cpu':>6}{'x first':>9}"
-    ]
-    for p in points:
+
+@dataclass
+class CapacityReport:
+    """``starsd bench capacity``'s report: every window, and the medians over the passes."""
+
+    benchmark: str = field(default="capacity", init=False)
+    draft_model: str
+    session_tokens: int
+    repeats: int
+    machine: Machine
+    summary: list[CapacitySummary]
+    points: list[CapacityPoint]
+
+    def table(self) -> str:
+        lines = table(self.points, CAPACITY_COLUMNS)
         lines.append(
-            f"{p.repeat + 1:>4}{p.max_batch:>10}{p.sessions:>9}{p.gamma:>6}{p.requests_per_s:>12.1f}"
-            f"{p.tokens_per_s:>10.1f}{p.service_p50_ms:>8.2f}{opt(p.mean_batch, '.2f'):>7}"
-            f"{opt(p.draft_busy, '.2f'):>6}{opt(p.draft_cpu, '.2f'):>6}{opt(p.speedup, '.2f'):>9}"
+            "(ms/req: the draft's median compute per request; batch: mean requests per step; busy: compute-thread "
+            "busy fraction; cpu: cores the draft used, server and model process; x first: against the first batch "
+            "size in the same pass)"
         )
-    lines.append(
-        "(ms/req: the draft's median compute per request; batch: mean requests per step; busy: compute-thread "
-        "busy fraction; cpu: cores the draft used, server and model process; x first: against the first batch "
-        "size in the same pass)"
-    )
-    for s in summarise_capacity(points):
-        lines.append(
-            f"max-batch {s.max_batch}: median {s.requests_per_s:.1f} requests/s "
-            f"(range {s.requests_per_s_min:.1f}-{s.requests_per_s_max:.1f}), x{opt(s.speedup, '.2f')} the first"
-        )
-    return "\n".join(lines)
+        for s in self.summary:
+            speedup = f"{s.speedup:.2f}" if s.speedup is not None else "-"
+            lines.append(
+                f"max-batch {s.max_batch}: median {s.requests_per_s:.1f} requests/s "
+                f"(range {s.requests_per_s_min:.1f}-{s.requests_per_s_max:.1f}), x{speedup} the first"
+            )
+        return "\n".join(lines)
 
 
 # --- 2. fairness ---------------------------------------------------------------------------------------------
@@ -271,17 +287,38 @@ def _skewed_target(ids: list[str], address: str, info: pb.InfoResponse, spec: Ta
     return EmulatedTarget(ids[i], address, info, spec, seed=i)
 
 
-def format_fairness(points: Sequence[FairnessPoint]) -> str:
-    ids = list(points[0].per_target) if points else []
-    lines = [f"{'schedule':<9}" + "".join(f"{i:>10}" for i in ids) + f"{'total':>10}{'Jain':>7}"]
-    for p in points:
-        lines.append(
-            f"{p.schedule:<9}"
-            + "".join(f"{p.per_target.get(i, 0.0):>10.1f}" for i in ids)
-            + f"{p.total:>10.1f}{p.jain:>7.3f}"
-        )
-    lines.append("(committed tokens/s per target; Jain's index over targets, not sessions)")
-    return "\n".join(lines)
+def _target_throughput(target_id: str, point: FairnessPoint) -> float:
+    return point.per_target.get(target_id, 0.0)
+
+
+@dataclass(frozen=True)
+class FairnessConfig:
+    busy_sessions: int
+    small_targets: int
+    tq: float
+    tp: float
+    gamma: int
+    alpha: float
+    duration: float
+
+
+@dataclass
+class FairnessReport:
+    """``starsd bench fairness``'s report: per schedule, committed tokens/s per target and Jain's index."""
+
+    benchmark: str = field(default="fairness", init=False)
+    config: FairnessConfig
+    machine: Machine
+    points: list[FairnessPoint]
+
+    def table(self) -> str:
+        ids = list(self.points[0].per_target) if self.points else []
+        columns: list[Column[FairnessPoint]] = [Column("schedule", lambda p: p.schedule, "", 9, left=True)]
+        columns += [Column(i, functools.partial(_target_throughput, i), ".1f", 10) for i in ids]
+        columns += [Column("total", lambda p: p.total, ".1f", 10), Column("Jain", lambda p: p.jain, ".3f", 7)]
+        lines = table(self.points, columns)
+        lines.append("(committed tokens/s per target; Jain's index over targets, not sessions)")
+        return "\n".join(lines)
 
 
 # --- 3. adaptive gamma -----------------------------------------------------------------------------------------
@@ -404,24 +441,41 @@ def _gamma_target(
     return EmulatedTarget(f"t{i}", address, info, spec, seed=i, accept=RoundDraws(alpha, i, width).accepted)
 
 
-def format_gamma(points: Sequence[GammaPoint]) -> str:
-    policies = list(dict.fromkeys(p.policy for p in points))
-    lines = [f"{'profile':<36}{'N':>4}" + "".join(f"{'g=' + q if q != 'adaptive' else 'adapt':>8}" for q in policies)]
-    lines[0] += f"{'mean g':>8}{'a/best':>8}{'a/g4':>7}"
-    summaries = {(s.profile, s.n): s for s in summarise_gamma(points)}
-    for key in dict.fromkeys((p.profile, p.n) for p in points):
-        row = {p.policy: p for p in points if (p.profile, p.n) == key}
-        line = f"{key[0]:<36}{key[1]:>4}" + "".join(
-            f"{row[q].tokens_per_s:>8.1f}" if q in row else f"{'-':>8}" for q in policies
-        )
-        s = summaries.get(key)
-        mean_g = row["adaptive"].mean_gamma if "adaptive" in row else 0.0
-        vb = f"{s.adaptive_vs_best:.3f}" if s and s.adaptive_vs_best is not None else "-"
-        v4 = f"{s.adaptive_vs_gamma4:.3f}" if s and s.adaptive_vs_gamma4 is not None else "-"
-        lines.append(line + f"{mean_g:>8.2f}{vb:>8}{v4:>7}")
-    lines.append("(committed tokens/s, all targets together; mean g: adaptive's mean gamma)")
-    return "\n".join(lines)
+# A row of the gamma table: (profile, N), each policy's point, and the summary of that (profile, N).
+_GammaRow = tuple[tuple[str, int], dict[str, GammaPoint], GammaSummary | None]
 
 
-def to_jsonable(items: Sequence[Any]) -> list[dict[str, Any]]:
-    return [asdict(i) for i in items]
+@dataclass
+class GammaReport:
+    """``starsd bench gamma``'s report: tokens/s per (profile, N, policy), and adaptive against the fixed."""
+
+    benchmark: str = field(default="gamma", init=False)
+    machine: Machine
+    points: list[GammaPoint]
+    summary: list[GammaSummary]
+
+    def table(self) -> str:
+        """One row per (profile, N): every policy's tokens/s, adaptive's mean gamma and its ratios."""
+        policies = list(dict.fromkeys(p.policy for p in self.points))
+        summaries = {(s.profile, s.n): s for s in self.summary}
+        rows = [
+            (key, {p.policy: p for p in self.points if (p.profile, p.n) == key}, summaries.get(key))
+            for key in dict.fromkeys((p.profile, p.n) for p in self.points)
+        ]
+
+        def tokens(q: str) -> Callable[[_GammaRow], float | None]:
+            return lambda r: r[1][q].tokens_per_s if q in r[1] else None
+
+        columns: list[Column[_GammaRow]] = [
+            Column("profile", lambda r: r[0][0], "", 36, left=True),
+            Column("N", lambda r: r[0][1], "d", 4),
+        ]
+        columns += [Column("adapt" if q == "adaptive" else f"g={q}", tokens(q), ".1f", 8) for q in policies]
+        columns += [
+            Column("mean g", lambda r: r[1]["adaptive"].mean_gamma if "adaptive" in r[1] else 0.0, ".2f", 8),
+            Column("a/best", lambda r: r[2].adaptive_vs_best if r[2] else None, ".3f", 8),
+            Column("a/g4", lambda r: r[2].adaptive_vs_gamma4 if r[2] else None, ".3f", 7),
+        ]
+        lines = table(rows, columns)
+        lines.append("(committed tokens/s, all targets together; mean g: adaptive's mean gamma)")
+        return "\n".join(lines)

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -93,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if not logging.getLogger().isEnabledFor(logging.DEBUG):  # the emulated targets' connects are noise here
+        logging.getLogger("starsd.target").setLevel(logging.WARNING)
     return int(handler(args))
 
 
@@ -106,8 +109,8 @@ def run_profiles_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _error(message: str) -> int:
-    print(f"starsd bench star: {message}", file=sys.stderr)
+def _error(message: str, bench: str = "star") -> int:
+    print(f"starsd bench {bench}: {message}", file=sys.stderr)
     return 2
 
 
@@ -314,19 +317,6 @@ def configure_beyond(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     proto.set_defaults(_bench=run_protocol_command)
 
 
-def _write_json(path: Path | None, data: object) -> None:
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=2) + "\n")
-        print(f"wrote {path}")
-
-
-def _machine() -> dict[str, object]:
-    import os
-
-    return {"loadavg_before": list(os.getloadavg()), "cpus": os.cpu_count(), "time": time.time()}
-
-
 def _draft_model(path: Path, name: str) -> Path | None:
     if (path / "config.json").exists():
         return path
@@ -342,14 +332,17 @@ def _stderr_line(line: str) -> None:
 
 
 def run_capacity_command(args: argparse.Namespace) -> int:
-    from starsd.bench.beyond import format_capacity, measure_capacity, summarise_capacity, to_jsonable
+    from starsd.bench.beyond import CapacityReport, measure_capacity, summarise_capacity
+    from starsd.bench.report import Machine, write_json
 
     draft = _draft_model(args.draft_model, "capacity")
     if draft is None:
         return 2
     if min(args.sessions, args.gamma, args.session_tokens, args.repeats) < 1 or args.duration <= 0 or args.warmup < 0:
-        return _error("--sessions, --gamma, --session-tokens, --repeats >= 1, --duration > 0, --warmup >= 0")
-    machine = _machine()
+        return _error(
+            "--sessions, --gamma, --session-tokens, --repeats >= 1, --duration > 0, --warmup >= 0", "capacity"
+        )
+    machine = Machine.now()
     try:
         points = asyncio.run(
             measure_capacity(
@@ -365,29 +358,20 @@ def run_capacity_command(args: argparse.Namespace) -> int:
             )
         )
     except RuntimeError as exc:
-        return _error(str(exc))
-    print(format_capacity(points))
-    _write_json(
-        args.json,
-        {
-            "benchmark": "capacity",
-            "draft_model": str(draft),
-            "session_tokens": args.session_tokens,
-            "repeats": args.repeats,
-            "machine": machine,
-            "summary": to_jsonable(summarise_capacity(points)),
-            "points": to_jsonable(points),
-        },
-    )
+        return _error(str(exc), "capacity")
+    report = CapacityReport(str(draft), args.session_tokens, args.repeats, machine, summarise_capacity(points), points)
+    print(report.table())
+    write_json(args.json, report)
     return 0
 
 
 def run_fairness_command(args: argparse.Namespace) -> int:
-    from starsd.bench.beyond import format_fairness, measure_fairness, to_jsonable
+    from starsd.bench.beyond import FairnessConfig, FairnessReport, measure_fairness
+    from starsd.bench.report import Machine, write_json
 
     if args.busy_sessions < 1 or args.small_targets < 1 or args.tq <= 0 or args.tp < 0 or args.duration <= 0:
-        return _error("--busy-sessions, --small-targets >= 1, --tq > 0, --tp >= 0, --duration > 0")
-    machine = _machine()
+        return _error("--busy-sessions, --small-targets >= 1, --tq > 0, --tp >= 0, --duration > 0", "fairness")
+    machine = Machine.now()
     try:
         points = asyncio.run(
             measure_fairness(
@@ -403,28 +387,30 @@ def run_fairness_command(args: argparse.Namespace) -> int:
             )
         )
     except RuntimeError as exc:
-        return _error(str(exc))
-    print(format_fairness(points))
-    config = {k: getattr(args, k) for k in ("busy_sessions", "small_targets", "tq", "tp", "gamma", "alpha", "duration")}
-    _write_json(
-        args.json, {"benchmark": "fairness", "config": config, "machine": machine, "points": to_jsonable(points)}
+        return _error(str(exc), "fairness")
+    config = FairnessConfig(
+        args.busy_sessions, args.small_targets, args.tq, args.tp, args.gamma, args.alpha, args.duration
     )
+    report = FairnessReport(config, machine, points)
+    print(report.table())
+    write_json(args.json, report)
     return 0
 
 
 def run_gamma_command(args: argparse.Namespace) -> int:
     from starsd.bench import profiles
-    from starsd.bench.beyond import format_gamma, measure_gamma, summarise_gamma, to_jsonable
+    from starsd.bench.beyond import GammaReport, measure_gamma, summarise_gamma
+    from starsd.bench.report import Machine, write_json
 
     names = [n.strip() for n in args.profiles.split(",")] if args.profiles else profiles.names()
     try:
         for name in names:
             profiles.get(name)
     except (KeyError, ValueError) as exc:
-        return _error(str(exc))
+        return _error(str(exc), "gamma")
     if args.duration <= 0 or args.warmup < 0:
-        return _error("--duration must be > 0 and --warmup >= 0")
-    machine = _machine()
+        return _error("--duration must be > 0 and --warmup >= 0", "gamma")
+    machine = Machine.now()
     try:
         points = asyncio.run(
             measure_gamma(
@@ -438,39 +424,26 @@ def run_gamma_command(args: argparse.Namespace) -> int:
             )
         )
     except RuntimeError as exc:
-        return _error(str(exc))
-    print(format_gamma(points))
-    _write_json(
-        args.json,
-        {
-            "benchmark": "gamma",
-            "machine": machine,
-            "points": to_jsonable(points),
-            "summary": to_jsonable(summarise_gamma(points)),
-        },
-    )
+        return _error(str(exc), "gamma")
+    report = GammaReport(machine, points, summarise_gamma(points))
+    print(report.table())
+    write_json(args.json, report)
     return 0
 
 
 def run_protocol_command(args: argparse.Namespace) -> int:
     from starsd.bench import protocol
+    from starsd.bench.report import Machine, write_json
 
     draft = _draft_model(args.draft_model, "protocol")
     if draft is None:
         return 2
-    machine = _machine()
+    machine = Machine.now()
     try:
         results = protocol.run(draft, gamma=args.gamma, rounds=args.rounds)
     except RuntimeError as exc:
-        return _error(str(exc))
-    print(protocol.format_table(results))
-    _write_json(
-        args.json,
-        {
-            "benchmark": "protocol",
-            "draft_model": str(draft),
-            "machine": machine,
-            "results": [r.to_json() for r in results],
-        },
-    )
+        return _error(str(exc), "protocol")
+    report = protocol.ProtocolReport(str(draft), machine, results)
+    print(report.table())
+    write_json(args.json, report)
     return 0

@@ -10,8 +10,8 @@ import pytest
 
 from starsd.bench.beyond import (
     GammaPoint,
+    GammaReport,
     fairness_point,
-    format_gamma,
     jain_index,
     per_target_throughput,
     skewed_targets,
@@ -19,6 +19,7 @@ from starsd.bench.beyond import (
 )
 from starsd.bench.emulated import Round, TargetRun
 from starsd.bench.harness import draft_source, parse_metrics, window_counts
+from starsd.bench.report import Machine
 from starsd.cli import main
 
 
@@ -72,7 +73,7 @@ def test_summarise_gamma_picks_the_best_fixed_and_the_ratios() -> None:
     assert (s.best_fixed, s.best_fixed_tokens_per_s) == ("6", 250.0)
     assert s.adaptive_vs_best == pytest.approx(0.96)
     assert s.adaptive_vs_gamma4 == pytest.approx(1.2)
-    table = format_gamma(pts)
+    table = GammaReport(Machine.now(), pts, summarise_gamma(pts)).table()
     assert "0.960" in table and "1.200" in table
 
 
