@@ -22,11 +22,8 @@ from dataclasses import dataclass, field
 from starsd.bench.emulated import EmulatedTarget, RoundDraws, TargetRun, TargetSpec
 from starsd.bench.harness import (
     DraftEndpoint,
-    Window,
-    differences,
     draft_info,
     local_draft,
-    metrics_probe,
     run_window,
     window_counts,
 )
@@ -112,14 +109,13 @@ async def _capacity_window(
         session_tokens=session_tokens,
     )
     w = await run_window(
-        lambda i: EmulatedTarget(f"t{i}", endpoint.address, info, spec, seed=i),
-        sessions,
-        warmup,
-        duration,
-        metrics_probe(endpoint),
+        lambda i: EmulatedTarget(f"t{i}", endpoint.address, info, spec, seed=i), sessions, warmup, duration, endpoint
     )
-    d = differences(w.before, w.after)
-    wall = d.get("wall_seconds", 0.0)
+    assert w.before is not None and w.after is not None
+    start, end = w.before, w.after
+    d = {k: v - start.samples[k] for k, v in end.samples.items() if k in start.samples}
+    wall = end.wall - start.wall
+    draft_cpu = end.draft_cpu - start.draft_cpu if end.draft_cpu is not None and start.draft_cpu is not None else None
     rounds, tokens = window_counts(w.runs, w.t0, w.t1)
     services = [r.service for run in w.runs for r in run.rounds if w.t0 <= r.committed < w.t1]
     span = w.t1 - w.t0
@@ -134,7 +130,7 @@ async def _capacity_window(
         statistics.median(services) * 1e3 if services else 0.0,
         ratio(d.get("starsd_draft_batch_size_sum", 0.0), d.get("starsd_draft_batch_size_count", 0.0)),
         ratio(d.get("starsd_draft_busy_seconds_total", 0.0), wall),
-        ratio(d["cpu_seconds"], wall) if "cpu_seconds" in d else None,
+        ratio(draft_cpu, wall) if draft_cpu is not None else None,
     )
 
 
@@ -278,7 +274,7 @@ async def measure_fairness(
             spec = TargetSpec(gamma, (alpha,) * gamma, tp, 0.0, int(info.vocab_size))
             # A target with several sessions is emulated as that many one-session targets under its id.
             make = functools.partial(_skewed_target, ids, endpoint.address, info, spec)
-            w: Window[None] = await run_window(make, len(ids), warmup, duration)
+            w = await run_window(make, len(ids), warmup, duration)
         points.append(fairness_point(schedule, per_target_throughput(w.runs, w.t0, w.t1)))
     return points
 
@@ -422,7 +418,7 @@ async def measure_gamma(
 
                     width = max(max_gamma, *gammas)
                     make = functools.partial(_gamma_target, endpoint.address, info, spec, prof.alpha, width)
-                    w: Window[None] = await run_window(make, n, warmup, duration)
+                    w = await run_window(make, n, warmup, duration)
                     _, tokens = window_counts(w.runs, w.t0, w.t1)
                     used = [g for run in w.runs for g in run.gammas]
                     point = GammaPoint(
@@ -438,7 +434,7 @@ def _gamma_target(
     address: str, info: pb.InfoResponse, spec: TargetSpec, alpha: float, width: int, i: int
 ) -> EmulatedTarget:
     """Target ``i``: its acceptance draws are the same under every gamma policy (:class:`RoundDraws`)."""
-    return EmulatedTarget(f"t{i}", address, info, spec, seed=i, accept=RoundDraws(alpha, i, width).accepted)
+    return EmulatedTarget(f"t{i}", address, info, spec, seed=i, accept=RoundDraws((alpha,) * width, seed=i))
 
 
 # A row of the gamma table: (profile, N), each policy's point, and the summary of that (profile, N).

@@ -39,8 +39,7 @@ from starsd.target.engine import BatchOptions, GenerationStats, TargetEngine
 
 _MAX_CORRECTION = 0.001  # seconds: the most one hold's lateness may move the correction
 
-# How many of a round's drafts the target accepts: (round index of this target, drafts offered) -> accepted.
-Acceptance = Callable[[int, int], int]
+Acceptance = Callable[[int], int]  # drafts offered in a round -> drafts accepted
 
 
 @dataclass(frozen=True)
@@ -87,45 +86,26 @@ class TargetRun:
     error: str | None = None
 
 
-def draw_accepted(rng: random.Random, betas: Sequence[float]) -> int:
-    """Accepted drafts in one round: position y is accepted with ``beta(y)`` once 1..y-1 were."""
-    accepted = 0
-    for beta in betas:
-        if rng.random() >= beta:
-            break
-        accepted += 1
-    return accepted
-
-
-def position_acceptance(betas: Sequence[float], seed: int) -> Acceptance:
-    """Acceptance drawn afresh per round, position by position (``beta(y)`` each)."""
-    rng = random.Random(seed)
-    return lambda _round, offered: min(draw_accepted(rng, betas[:offered]), offered)
-
-
 class RoundDraws:
-    """Which drafted tokens a target accepts, drawn per round index (common random numbers).
+    """How many of a round's drafts a target accepts: position ``y`` while ``u[y] < beta(y)``.
 
-    Round ``r`` of a target has its own ``width`` uniforms, the same under every policy: position ``j`` of
-    that round is accepted while ``u[r][j] < alpha``. A longer gamma accepts the same run as a shorter one,
-    plus what its extra positions add, so policies differ by their choices and not by the luck of the draws.
+    Every round draws ``len(betas)`` uniforms, however many drafts it was offered, so round ``r`` of a target
+    meets the same draws under every gamma policy (common random numbers): a longer gamma accepts the same
+    run as a shorter one plus what its extra positions add, and policies differ by their choices, not by luck.
     """
 
-    def __init__(self, alpha: float, seed: int, width: int) -> None:
-        self.alpha, self.width = alpha, width
+    def __init__(self, betas: Sequence[float], seed: int) -> None:
+        self.betas = tuple(betas)
         self._rng = random.Random(seed)
-        self._rounds: list[list[float]] = []
 
-    def accepted(self, round_index: int, gamma: int) -> int:
-        if gamma > self.width:
-            raise ValueError(f"gamma {gamma} exceeds the {self.width} draws per round")
-        while len(self._rounds) <= round_index:
-            self._rounds.append([self._rng.random() for _ in range(self.width)])
-        draws = self._rounds[round_index]
-        run = 0
-        while run < gamma and draws[run] < self.alpha:
-            run += 1
-        return run
+    def __call__(self, offered: int) -> int:
+        if offered > len(self.betas):
+            raise ValueError(f"{offered} drafts exceed the {len(self.betas)} positions drawn per round")
+        draws = [self._rng.random() for _ in self.betas]
+        accepted = 0
+        while accepted < offered and draws[accepted] < self.betas[accepted]:
+            accepted += 1
+        return accepted
 
 
 @dataclass
@@ -183,7 +163,7 @@ class EmulatedTargetRunner(TargetRunner):
                 session.cached_len += row.prefill
                 outcomes.append(RowOutcome(0, []))
                 continue
-            accepted = self.accept(len(self.run.rounds), len(row.drafts)) if row.drafts else 0
+            accepted = self.accept(len(row.drafts)) if row.drafts else 0
             outcomes.append(RowOutcome(accepted, [*row.drafts[:accepted], self.rng.randrange(self.vocab_size)]))
         held = self._hold(self.hold_seconds)
         committed = time.perf_counter()
@@ -260,7 +240,7 @@ class EmulatedTarget:
         self.client = RecordingDraftClient(address, target_id, info, spec)
         self.runner = EmulatedTargetRunner(
             spec.verify_seconds + 2 * spec.wire_seconds,
-            accept or position_acceptance(spec.betas, seed),
+            accept or RoundDraws(spec.betas, seed),
             spec.vocab_size,
             seed,
             self.run_record,

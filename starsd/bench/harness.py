@@ -12,26 +12,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import aiohttp
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from starsd import procfs
 from starsd.bench.emulated import EmulatedTarget, TargetRun
 from starsd.proto import starsd_pb2 as pb
 from starsd.proto import starsd_pb2_grpc as pb_grpc
 
-SERVICE_NAME = "starsd.v1.Draft"
 CONNECT_SECONDS = 30.0  # how long emulated targets may take to open their streams
 
-T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -83,21 +82,6 @@ async def local_draft(draft_args: Sequence[str]) -> AsyncIterator[DraftEndpoint]
             await asyncio.to_thread(star.stop)
 
 
-async def wait_until_serving(address: str, timeout: float) -> None:
-    """Poll grpc health checking until a draft that is already running reports SERVING (RuntimeError if not)."""
-    deadline = time.monotonic() + timeout
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while True:
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                reply = await stub.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=2.0)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the draft at {address} was not serving after {timeout:.0f} s")
-            await asyncio.sleep(0.2)
-
-
 async def draft_info(address: str, timeout: float = 10.0) -> pb.InfoResponse:
     """The draft's vocabulary and model, as a target checks them before it connects."""
     async with grpc.aio.insecure_channel(address) as channel:
@@ -105,15 +89,59 @@ async def draft_info(address: str, timeout: float = 10.0) -> pb.InfoResponse:
         return info
 
 
+async def wait_until_serving(address: str, timeout: float) -> pb.InfoResponse:
+    """:func:`draft_info` of a draft that is already running, once it answers (RuntimeError if it does not)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await draft_info(address, timeout=2.0)
+        except grpc.aio.AioRpcError as exc:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the draft at {address} did not answer in {timeout:.0f} s: {exc.details()}"
+                ) from None
+        await asyncio.sleep(0.2)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What a benchmark reads at each end of its window."""
+
+    wall: float  # time.perf_counter(), half-way through the reads
+    cpu: float  # this process's CPU seconds (the emulated targets')
+    draft_cpu: float | None  # the draft process's (and its model process's), when it runs here
+    load: dict[str, Any] | None  # the draft's /v1/load, when it could be read
+    samples: dict[str, float]  # DRAFT_SAMPLES from its /metrics
+
+
+async def read_draft(endpoint: DraftEndpoint) -> Reading:
+    """Read the draft's /v1/load and /metrics, and the CPU seconds of both processes."""
+    before = time.perf_counter()
+    load, samples = None, {}
+    if endpoint.load_url and endpoint.metrics_url:
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+                async with http.get(endpoint.load_url) as resp:
+                    resp.raise_for_status()
+                    load = json.loads(await resp.text())
+                async with http.get(endpoint.metrics_url) as resp:
+                    samples = parse_metrics(await resp.text(), DRAFT_SAMPLES)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.warning("cannot read the draft's load at %s: %s", endpoint.load_url, exc)
+    wall = (before + time.perf_counter()) / 2
+    draft_cpu = procfs.cpu_seconds(endpoint.pid) if endpoint.pid else None
+    return Reading(wall, time.process_time(), draft_cpu, load, samples)
+
+
 @dataclass
-class Window(Generic[T]):
+class Window:
     """The records of one measured window: every target's rounds, and the probe read at both ends."""
 
     runs: list[TargetRun]
     t0: float  # time.perf_counter() of this process
     t1: float
-    before: T | None = None
-    after: T | None = None
+    before: Reading | None = None  # read_draft() at both ends, when the window had a draft endpoint
+    after: Reading | None = None
     loop_lags: list[float] = field(default_factory=list)
 
     @property
@@ -126,10 +154,11 @@ async def run_window(
     count: int,
     warmup: float,
     duration: float,
-    probe: Callable[[], Awaitable[T]] | None = None,
+    draft: DraftEndpoint | None = None,
     strict: bool = True,
-) -> Window[T]:
-    """Connect ``count`` targets (``make(i)``), measure ``[warmup, warmup + duration)``, stop them.
+) -> Window:
+    """Connect ``count`` targets (``make(i)``), measure ``[warmup, warmup + duration)``, stop them; with
+    ``draft``, read it at both ends of the window (:func:`read_draft`).
 
     With ``strict``, a target that failed (its draft missed a round, or the stream broke) fails the window.
     """
@@ -145,11 +174,11 @@ async def run_window(
     try:
         begun = time.perf_counter()
         await asyncio.sleep(warmup)
-        before = await probe() if probe else None
+        before = await read_draft(draft) if draft else None
         t0 = time.perf_counter()
         await asyncio.sleep(max(0.0, begun + warmup + duration - t0))
         t1 = time.perf_counter()
-        after = await probe() if probe else None
+        after = await read_draft(draft) if draft else None
     finally:
         stop.set()  # every target finishes its round in flight and releases its session
         runs = list(await asyncio.gather(*tasks))
@@ -181,15 +210,6 @@ async def loop_lag_monitor(stop: asyncio.Event, period: float = 0.005) -> list[f
     return lags
 
 
-async def read_load(session: aiohttp.ClientSession, url: str) -> tuple[float, dict[str, Any]]:
-    """GET /v1/load; returns (the local time half-way through the request, the JSON)."""
-    before = time.perf_counter()
-    async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as resp:
-        resp.raise_for_status()
-        data = json.loads(await resp.text())
-    return (before + time.perf_counter()) / 2, data
-
-
 def parse_metrics(text: str, names: Sequence[str]) -> dict[str, float]:
     """The values of the named samples in Prometheus text (``name value`` lines, no labels)."""
     wanted = set(names)
@@ -206,30 +226,3 @@ DRAFT_SAMPLES = (
     "starsd_draft_batch_size_count",
     "starsd_draft_busy_seconds_total",
 )
-
-
-def metrics_probe(endpoint: DraftEndpoint) -> Callable[[], Awaitable[dict[str, float]]]:
-    """Reads the draft's batch and busy counters from /metrics, its CPU seconds from /proc, and the clock."""
-
-    async def probe() -> dict[str, float]:
-        values: dict[str, float] = {}
-        if endpoint.metrics_url:
-            async with (
-                aiohttp.ClientSession() as http,
-                http.get(endpoint.metrics_url, timeout=aiohttp.ClientTimeout(total=5)) as resp,
-            ):
-                values = parse_metrics(await resp.text(), DRAFT_SAMPLES)
-        cpu = procfs.cpu_seconds(endpoint.pid) if endpoint.pid else None
-        if cpu is not None:
-            values["cpu_seconds"] = cpu
-        values["wall_seconds"] = time.perf_counter()
-        return values
-
-    return probe
-
-
-def differences(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
-    """``after - before`` for every key read at both ends."""
-    if before is None or after is None:
-        return {}
-    return {k: after[k] - before[k] for k in after if k in before}

@@ -20,18 +20,15 @@ import asyncio
 import json
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
-from starsd import model, procfs
+from starsd import model
 from starsd.bench import analysis
 from starsd.bench.analysis import ModelInputs, PointMeasurement, PointResult
 from starsd.bench.emulated import EmulatedTarget, TargetSpec
-from starsd.bench.harness import DraftEndpoint, read_load, run_window
+from starsd.bench.harness import DraftEndpoint, run_window
 from starsd.bench.profiles import Profile
 from starsd.bench.report import Column, table, to_json
 from starsd.proto import starsd_pb2 as pb
@@ -75,53 +72,25 @@ def sweep_ns(requested: tuple[int, ...] | None, n_star: int) -> tuple[int, ...]:
     return tuple(sorted(ns))
 
 
-@dataclass(frozen=True)
-class _Reading:
-    """What is read at each end of a point's window."""
-
-    load: tuple[float, dict[str, Any]] | None  # the draft's /v1/load (and when it was read)
-    cpu: float  # this process's CPU seconds (the targets')
-    draft_cpu: float | None  # the draft process's
-
-
 async def measure_point(
-    endpoint: DraftEndpoint,
-    info: pb.InfoResponse,
-    n: int,
-    spec: TargetSpec,
-    cfg: StarConfig,
-    http: aiohttp.ClientSession | None,
+    endpoint: DraftEndpoint, info: pb.InfoResponse, n: int, spec: TargetSpec, cfg: StarConfig
 ) -> PointMeasurement:
-    async def probe() -> _Reading:
-        busy = await _busy(http, endpoint)
-        return _Reading(busy, time.process_time(), procfs.cpu_seconds(endpoint.pid) if endpoint.pid else None)
-
     def make(i: int) -> EmulatedTarget:
         return EmulatedTarget(f"bench-n{n}-t{i}", endpoint.address, info, spec, seed=cfg.seed * 100_003 + n * 1_009 + i)
 
-    w = await run_window(make, n, cfg.warmup, cfg.duration, probe, strict=False)
+    w = await run_window(make, n, cfg.warmup, cfg.duration, endpoint, strict=False)
     assert w.before is not None and w.after is not None
     start, end = w.before, w.after
     m = PointMeasurement(n, w.runs, w.t0, w.t1, loop_lags=w.loop_lags, targets_cpu_seconds=end.cpu - start.cpu)
     if start.draft_cpu is not None and end.draft_cpu is not None:
         m.draft_cpu_seconds = end.draft_cpu - start.draft_cpu
-    if end.load:
-        m.load = end.load[1]
-    if start.load and end.load and "busy_seconds_total" in start.load[1] and "busy_seconds_total" in end.load[1]:
+    m.load = end.load
+    busy = "busy_seconds_total"
+    if start.load and end.load and busy in start.load and busy in end.load:
         # The draft's own busy counter across the window; without it, the targets' view stands in.
-        m.busy_seconds = float(end.load[1]["busy_seconds_total"]) - float(start.load[1]["busy_seconds_total"])
-        m.busy_span = end.load[0] - start.load[0]
+        m.busy_seconds = float(end.load[busy]) - float(start.load[busy])
+        m.busy_span = end.wall - start.wall
     return m
-
-
-async def _busy(http: aiohttp.ClientSession | None, endpoint: DraftEndpoint) -> tuple[float, dict[str, Any]] | None:
-    if http is None or endpoint.load_url is None:
-        return None
-    try:
-        return await read_load(http, endpoint.load_url)
-    except (aiohttp.ClientError, TimeoutError, KeyError, ValueError) as exc:
-        log.warning("cannot read the draft's load at %s: %s", endpoint.load_url, exc)
-        return None
 
 
 @dataclass(frozen=True)
@@ -237,13 +206,12 @@ async def run_star(cfg: StarConfig, endpoint: DraftEndpoint, info: pb.InfoRespon
     )
     measurements: list[PointMeasurement] = []
     load_before, pressure_before = _loadavg(), _cpu_pressure()
-    async with aiohttp.ClientSession() as http:
-        for n in cfg.ns:
-            m = await measure_point(endpoint, info, n, spec, cfg, http if endpoint.load_url else None)
-            measurements.append(m)
-            if progress:
-                progress(n, m)
-            await asyncio.sleep(0.2)  # let the draft drop the point's streams and sessions
+    for n in cfg.ns:
+        m = await measure_point(endpoint, info, n, spec, cfg)
+        measurements.append(m)
+        if progress:
+            progress(n, m)
+        await asyncio.sleep(0.2)  # let the draft drop the point's streams and sessions
     measured_tq = _mean_service(measurements)
     inputs = cfg.model_inputs(measured_tq)
     results = [analysis.summarize(m, inputs) for m in measurements]

@@ -212,7 +212,7 @@ def run_star_command(args: argparse.Namespace) -> int:
 
 async def _run(cfg: StarConfig, extra: list[str], args: argparse.Namespace) -> StarReport:
     from starsd.bench.analysis import PointMeasurement
-    from starsd.bench.harness import DraftEndpoint, draft_info, local_draft, wait_until_serving
+    from starsd.bench.harness import DraftEndpoint, local_draft, wait_until_serving
     from starsd.bench.star import run_star
 
     started = time.perf_counter()
@@ -228,15 +228,13 @@ async def _run(cfg: StarConfig, extra: list[str], args: argparse.Namespace) -> S
             )
 
     async def sweep(endpoint: DraftEndpoint) -> StarReport:
-        info = await draft_info(endpoint.address)
+        info = await wait_until_serving(endpoint.address, 30.0)
         if not args.quiet:
             print(f"sweeping N = {', '.join(map(str, cfg.ns))}", file=sys.stderr)
         return await run_star(cfg, endpoint, info, progress)
 
     if args.draft_address:
-        endpoint = DraftEndpoint(args.draft_address, args.draft_load_url)
-        await wait_until_serving(endpoint.address, 30.0)
-        return await sweep(endpoint)
+        return await sweep(DraftEndpoint(args.draft_address, args.draft_load_url))
     if not args.quiet:
         print(f"starting the draft: starsd draft {' '.join(extra)}", file=sys.stderr)
     async with local_draft(extra) as endpoint:
