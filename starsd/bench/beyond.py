@@ -1,7 +1,8 @@
-"""Issue 9's benchmarks: batched drafting (capacity), fair scheduling (fairness), adaptive gamma (gamma).
+"""Batched drafting (capacity), fair scheduling (fairness), adaptive gamma (gamma).
 
 Each measures the new behaviour against the plain one in the same run, against a real ``starsd draft``
-process on loopback, with emulated targets (real gRPC clients) in this process.
+process on loopback, with emulated targets (:mod:`starsd.bench.emulated`: the product's target engine and
+draft link) in this process.
 
 * capacity: requests/s at saturation of the real draft checkpoint, ``--max-batch 1`` against ``--max-batch B``.
   Saturation: many sessions, zero verify time, each re-requesting as soon as it is answered.

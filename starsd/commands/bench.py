@@ -35,8 +35,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="N emulated targets on the real draft server, swept over N, against the system model",
         description=(
             "Starts the real draft server (emulating a draft accelerator's service time, or a real checkpoint "
-            "with --draft-model) and N emulated targets in this process: real gRPC clients whose verify time "
-            "and acceptance follow an accelerator profile. Sweeps N and reports throughput, draft "
+            "with --draft-model) and N emulated targets in this process: the target's own engine and draft link "
+            "with a model step whose verify time and acceptance follow an accelerator profile. Sweeps N and "
+            "reports throughput, draft "
             "utilisation and idle gaps, per-target latency and measured/model throughput, with the "
             "target-only and N-independent-pairs baselines."
         ),
