@@ -17,7 +17,6 @@ Baselines, in the same run:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -409,8 +408,3 @@ def format_table(report: StarReport) -> str:
             f"min m-ratio {s.min_ratio_measured_inputs:.3f}"
         )
     return "\n".join(lines)
-
-
-def write_json(report: StarReport, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report.to_dict(), indent=2))

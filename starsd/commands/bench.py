@@ -197,12 +197,10 @@ def run_star_command(args: argparse.Namespace) -> int:
         report = asyncio.run(_run(cfg, extra, args))
     except RuntimeError as exc:
         return _error(str(exc))
-    from starsd.bench.star import format_table, write_json
+    from starsd.bench.report import write_json
 
-    print(format_table(report))
-    if args.json:
-        write_json(report, args.json)
-        print(f"wrote {args.json}")
+    print(report.table())
+    write_json(args.json, report)
     if args.plot:
         from starsd.bench.plot import plot_star
 
