@@ -7,7 +7,6 @@ cold build (tens of minutes on 2 cores); its progress is printed as it goes.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -25,7 +24,7 @@ from e2e.operator_process import (
     install_chart,
     service_account_kubeconfig,
 )
-from starsd.bench.draft_process import DraftProcess
+from starsd.local import LocalStar
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_SH = REPO / "e2e" / "cluster" / "cluster.sh"
@@ -81,16 +80,16 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
 
 
 @pytest.fixture
-def draft(cluster: Cluster) -> Iterator[DraftProcess]:
+def draft(cluster: Cluster) -> Iterator[LocalStar]:
     """A real draft server on loopback with an emulated 4 ms service time (the rebalancer reads its load)."""
-    process = DraftProcess(["--emulate-service-time", "0.004"])
+    star = LocalStar(emulate_service_time=0.004, targets=0)
     try:
-        asyncio.run(process.start())
-        assert process.proc is not None
-        cluster.track("draft", process.proc.pid)
-        yield process
+        star.start()
+        assert star.draft is not None and star.draft.popen is not None
+        cluster.track("draft", star.draft.popen.pid)
+        yield star
     finally:
-        process.stop()
+        star.stop()
         cluster.untrack("draft")
 
 

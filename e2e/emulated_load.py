@@ -7,7 +7,8 @@ import asyncio
 import concurrent.futures
 import threading
 
-from starsd.bench import targets as bench_targets
+from starsd.bench.emulated import EmulatedTarget, TargetRun, TargetSpec
+from starsd.bench.harness import draft_info
 
 VERIFY_SECONDS = 0.1  # Tp; with the draft's emulated Tq = 4 ms, N* = ceil(1 + 0.1/0.004) = 26
 
@@ -22,32 +23,28 @@ class EmulatedLoad:
         self.stop_event: asyncio.Event | None = None
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.future: concurrent.futures.Future[list[bench_targets.TargetRun]] | None = None
+        self.future: concurrent.futures.Future[list[TargetRun]] | None = None
 
-    async def _run(self) -> list[bench_targets.TargetRun]:
+    async def _run(self) -> list[TargetRun]:
         self.stop_event = asyncio.Event()
-        vocab = await bench_targets.fetch_vocab_size(self.address)
-        spec = bench_targets.TargetSpec(
+        info = await draft_info(self.address)
+        spec = TargetSpec(
             gamma=4,
             betas=(0.8, 0.8, 0.8, 0.8),
             verify_seconds=VERIFY_SECONDS,
             wire_seconds=0.0,
-            vocab_size=vocab,
+            vocab_size=int(info.vocab_size),
             max_num_seqs=self.max_num_seqs,
         )
-        channels = [bench_targets.open_channel(self.address) for _ in range(self.sessions)]
-        try:
-            targets = [bench_targets.EmulatedTarget(f"e2e-{i}", ch, spec, seed=i) for i, ch in enumerate(channels)]
-            return list(await asyncio.gather(*(t.run(self.stop_event) for t in targets)))
-        finally:
-            for ch in channels:
-                await ch.close()
+        targets = [EmulatedTarget(f"e2e-{i}", self.address, info, spec, seed=i) for i in range(self.sessions)]
+        await asyncio.gather(*(t.connect(30.0) for t in targets))
+        return list(await asyncio.gather(*(t.run(self.stop_event) for t in targets)))
 
     def start(self) -> None:
         self.thread.start()
         self.future = asyncio.run_coroutine_threadsafe(self._run(), self.loop)
 
-    def stop(self) -> list[bench_targets.TargetRun]:
+    def stop(self) -> list[TargetRun]:
         assert self.future is not None, "not started"
         if self.stop_event is not None:
             self.loop.call_soon_threadsafe(self.stop_event.set)

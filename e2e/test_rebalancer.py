@@ -16,7 +16,7 @@ from e2e import starsd_cluster as ssd
 from e2e.emulated_load import EmulatedLoad
 from e2e.kube import Cluster, wait_until
 from e2e.operator_process import OperatorProcess
-from starsd.bench.draft_process import DraftProcess
+from starsd.local import LocalStar
 
 SESSIONS = 6  # emulated targets, one session each (Tp = 100 ms): N* = ceil(1 + 0.1/0.004) = 26, the draft ~23% busy
 START_REPLICAS = 2
@@ -29,13 +29,13 @@ def rebalanced_events(cluster: Cluster, namespace: str) -> list[dict]:
 
 
 def test_rebalancer_raises_targets_of_an_under_loaded_draft_once_and_holds(
-    cluster: Cluster, operator: OperatorProcess, namespace: str, draft: DraftProcess
+    cluster: Cluster, operator: OperatorProcess, namespace: str, draft: LocalStar
 ) -> None:
-    load = EmulatedLoad(draft.endpoint.address, SESSIONS)
+    load = EmulatedLoad(draft.draft_address, SESSIONS)
     load.start()
     try:
         doc = ssd.sample("chat")
-        doc["metadata"]["annotations"] = {"starsd.io/load-url": draft.endpoint.load_url}
+        doc["metadata"]["annotations"] = {"starsd.io/load-url": draft.load_url}
         doc["spec"]["targets"]["replicas"] = START_REPLICAS
         doc["spec"]["autoscaling"].update(
             enabled=True,

@@ -18,7 +18,7 @@ from e2e import starsd_cluster as ssd
 from e2e.emulated_load import EmulatedLoad
 from e2e.kube import Cluster, condition, wait_until
 from e2e.operator_process import OperatorProcess
-from starsd.bench.draft_process import DraftProcess
+from starsd.local import LocalStar
 
 
 def events(cluster: Cluster, namespace: str, reason: str) -> list[dict[str, Any]]:
@@ -42,12 +42,12 @@ def autoscaled(load_url: str, replicas: int, **autoscaling: Any) -> dict[str, An
 
 
 def test_idle_targets_scale_in_to_min_targets(
-    cluster: Cluster, operator: OperatorProcess, namespace: str, draft: DraftProcess
+    cluster: Cluster, operator: OperatorProcess, namespace: str, draft: LocalStar
 ) -> None:
-    load = EmulatedLoad(draft.endpoint.address, sessions=2, max_num_seqs=64)  # occupancy 1/64: idle
+    load = EmulatedLoad(draft.draft_address, sessions=2, max_num_seqs=64)  # occupancy 1/64: idle
     load.start()
     try:
-        ssd.apply(cluster, namespace, autoscaled(draft.endpoint.load_url, replicas=5))
+        ssd.apply(cluster, namespace, autoscaled(draft.load_url, replicas=5))
 
         def scaled_in() -> dict[str, Any] | None:
             obj = ssd.get(cluster, namespace, "chat")
@@ -62,12 +62,12 @@ def test_idle_targets_scale_in_to_min_targets(
 
 
 def test_a_pod_that_never_schedules_stops_blocking_after_the_convergence_timeout(
-    cluster: Cluster, operator: OperatorProcess, namespace: str, draft: DraftProcess
+    cluster: Cluster, operator: OperatorProcess, namespace: str, draft: LocalStar
 ) -> None:
-    load = EmulatedLoad(draft.endpoint.address, sessions=2, max_num_seqs=2)  # occupancy 0.5: hold
+    load = EmulatedLoad(draft.draft_address, sessions=2, max_num_seqs=2)  # occupancy 0.5: hold
     load.start()
     try:
-        doc = autoscaled(draft.endpoint.load_url, replicas=3, convergenceTimeoutSeconds=20)
+        doc = autoscaled(draft.load_url, replicas=3, convergenceTimeoutSeconds=20)
         h100 = doc["spec"]["pools"][0]
         nowhere = {**h100, "name": "nowhere", "weight": 1, "minReplicas": 1, "maxReplicas": 1}
         nowhere["nodeSelector"] = {"starsd.io/pool": "nowhere"}  # no node has it: one pod stays Pending
@@ -89,9 +89,9 @@ def test_a_pod_that_never_schedules_stops_blocking_after_the_convergence_timeout
 
 
 def test_an_hpa_on_the_cluster_makes_the_rebalancer_step_aside(
-    cluster: Cluster, operator: OperatorProcess, namespace: str, draft: DraftProcess
+    cluster: Cluster, operator: OperatorProcess, namespace: str, draft: LocalStar
 ) -> None:
-    load = EmulatedLoad(draft.endpoint.address, sessions=4)  # saturated targets: it would scale up
+    load = EmulatedLoad(draft.draft_address, sessions=4)  # saturated targets: it would scale up
     load.start()
     try:
         hpa = {
@@ -107,7 +107,7 @@ def test_an_hpa_on_the_cluster_makes_the_rebalancer_step_aside(
         }
         hpa["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"] = 80
         cluster.apply(yaml.safe_dump(hpa), namespace=namespace)
-        ssd.apply(cluster, namespace, autoscaled(draft.endpoint.load_url, replicas=2))
+        ssd.apply(cluster, namespace, autoscaled(draft.load_url, replicas=2))
 
         def stepped_aside() -> dict[str, Any] | None:
             cond = condition(ssd.get(cluster, namespace, "chat"), "Rebalancing") or {}
@@ -178,12 +178,12 @@ def writes_during(cluster: Cluster, namespace: str, seconds: float) -> int:
 
 
 def test_an_idle_cluster_is_written_about_once_a_minute(
-    cluster: Cluster, operator: OperatorProcess, namespace: str, draft: DraftProcess
+    cluster: Cluster, operator: OperatorProcess, namespace: str, draft: LocalStar
 ) -> None:
-    load = EmulatedLoad(draft.endpoint.address, sessions=2, max_num_seqs=2)  # steady: nothing to decide
+    load = EmulatedLoad(draft.draft_address, sessions=2, max_num_seqs=2)  # steady: nothing to decide
     load.start()
     try:
-        doc = autoscaled(draft.endpoint.load_url, replicas=2)
+        doc = autoscaled(draft.load_url, replicas=2)
         doc["spec"]["autoscaling"] = {"enabled": False}
         ssd.apply(cluster, namespace, doc)
         ssd.wait_ready(cluster, namespace, "chat", replicas=2)

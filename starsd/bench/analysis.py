@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from starsd import model
-from starsd.bench.targets import Round, TargetRun
+from starsd.bench.emulated import Round, TargetRun
 
 # Gaps shorter than this between two services, seen from the targets, are jitter of the return path.
 MIN_GAP_SECONDS = 100e-6

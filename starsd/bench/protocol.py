@@ -12,11 +12,13 @@ import asyncio
 import statistics
 import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
+from starsd.bench.harness import local_draft
+from starsd.bench.report import Column, Machine, table
 from starsd.proto import starsd_pb2 as pb
 from starsd.proto import starsd_pb2_grpc as pb_grpc
 
@@ -35,9 +37,6 @@ class ProtocolResult:
     request_bytes: float  # mean per round, framing included
     response_bytes: float
     bytes_per_round: float
-
-    def to_json(self) -> dict[str, float | int | str]:
-        return asdict(self)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -111,25 +110,35 @@ async def measure(address: str, gamma: int, temperature: float, rounds: int, war
     )
 
 
-def run(draft_model: Path, gamma: int = 4, rounds: int = 500) -> list[ProtocolResult]:
+async def run_async(draft_model: Path, gamma: int = 4, rounds: int = 500) -> list[ProtocolResult]:
     """Start a real draft process on loopback and measure greedy and sampled rounds against it."""
-    from starsd.local import LocalStar
-
-    star = LocalStar(draft_model=draft_model, targets=0)
-    try:
-        star.start()
-        return [asyncio.run(measure(star.draft_address, gamma, temperature, rounds)) for temperature in (0.0, 1.0)]
-    finally:
-        star.stop()
+    async with local_draft(["--model", str(draft_model)]) as endpoint:
+        return [await measure(endpoint.address, gamma, temperature, rounds) for temperature in (0.0, 1.0)]
 
 
-def format_table(results: list[ProtocolResult]) -> str:
-    lines = [
-        f"{'mode':<8}{'gamma':>6}{'overhead p50':>14}{'p99':>9}{'rtt p50':>10}{'model p50':>11}{'bytes/round':>13}"
-    ]
-    for r in results:
-        lines.append(
-            f"{r.mode:<8}{r.gamma:>6}{r.overhead_p50_ms:>12.3f}ms{r.overhead_p99_ms:>7.3f}ms"
-            f"{r.rtt_p50_ms:>8.3f}ms{r.service_p50_ms:>9.3f}ms{r.bytes_per_round:>13.0f}"
-        )
-    return "\n".join(lines)
+def run(draft_model: Path, gamma: int = 4, rounds: int = 500) -> list[ProtocolResult]:
+    return asyncio.run(run_async(draft_model, gamma, rounds))
+
+
+COLUMNS: list[Column[ProtocolResult]] = [
+    Column("mode", lambda r: r.mode, "", 8, left=True),
+    Column("gamma", lambda r: r.gamma, "d", 6),
+    Column("overhead p50", lambda r: r.overhead_p50_ms, ".3f", 14, unit="ms"),
+    Column("p99", lambda r: r.overhead_p99_ms, ".3f", 9, unit="ms"),
+    Column("rtt p50", lambda r: r.rtt_p50_ms, ".3f", 10, unit="ms"),
+    Column("model p50", lambda r: r.service_p50_ms, ".3f", 11, unit="ms"),
+    Column("bytes/round", lambda r: r.bytes_per_round, ".0f", 13),
+]
+
+
+@dataclass
+class ProtocolReport:
+    """``starsd bench protocol``'s report: one result per mode (greedy, sampled)."""
+
+    benchmark: str = field(default="protocol", init=False)
+    draft_model: str
+    machine: Machine
+    results: list[ProtocolResult]
+
+    def table(self) -> str:
+        return "\n".join(table(self.results, COLUMNS))

@@ -15,10 +15,12 @@ import random
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+
+from starsd.bench.report import Column, table
 
 
 @dataclass(frozen=True)
@@ -51,40 +53,97 @@ class RequestRecord:
     accepted: int = 0
 
 
-def percentiles(values: Sequence[float], points: Sequence[int] = (50, 90, 99)) -> dict[str, float]:
-    """``{"mean", "p50", ...}`` of ``values`` (nearest-rank percentiles; zeros when empty)."""
-    if not values:
-        return {"mean": 0.0, **{f"p{p}": 0.0 for p in points}}
-    ordered = sorted(values)
-    out = {"mean": statistics.fmean(ordered)}
-    for p in points:
-        rank = max(0, min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1))
-        out[f"p{p}"] = ordered[rank]
-    return out
+@dataclass(frozen=True)
+class Percentiles:
+    """Mean and nearest-rank percentiles of one latency, in seconds (zeros when nothing was measured)."""
+
+    mean: float = 0.0
+    p50: float = 0.0
+    p90: float = 0.0
+    p99: float = 0.0
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Percentiles:
+        if not values:
+            return cls()
+        ordered = sorted(values)
+
+        def rank(p: int) -> float:
+            return ordered[max(0, min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1))]
+
+        return cls(statistics.fmean(ordered), rank(50), rank(90), rank(99))
 
 
-def summarize(config: ServeConfig, records: Sequence[RequestRecord], wall: float) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ServeResult:
+    """One pass of ``starsd bench serve``, in the units serving benchmarks report (seconds, tokens/s)."""
+
+    config: ServeConfig
+    completed: int
+    failed: int
+    errors: list[str]
+    duration_s: float
+    request_throughput: float
+    output_tokens: int
+    output_throughput: float
+    total_token_throughput: float
+    ttft_s: Percentiles
+    tpot_s: Percentiles
+    itl_s: Percentiles
+    e2e_latency_s: Percentiles
+    acceptance: float | None
+
+    def table(self) -> str:
+        cfg = self.config
+        acceptance = f"   acceptance {self.acceptance:.2f}" if self.acceptance is not None else ""
+        rows = [("TTFT", self.ttft_s), ("TPOT", self.tpot_s), ("ITL", self.itl_s), ("E2E", self.e2e_latency_s)]
+        lines = [
+            f"{self.completed} completions ({self.failed} failed) at concurrency {cfg.concurrency}, "
+            f"{cfg.prompt_tokens} prompt / {cfg.max_tokens} output tokens, in {self.duration_s:.1f} s",
+            f"output tokens/s {self.output_throughput:.1f}   requests/s {self.request_throughput:.2f}{acceptance}",
+            *table(rows, LATENCY_COLUMNS),
+        ]
+        if self.errors:
+            lines.append("errors: " + "; ".join(self.errors))
+        return "\n".join(lines)
+
+
+LATENCY_COLUMNS: list[Column[tuple[str, Percentiles]]] = [
+    Column("ms", lambda r: r[0], "", 10, left=True),
+    Column("mean", lambda r: r[1].mean, ".1f", 9, scale=1e3),
+    Column("p50", lambda r: r[1].p50, ".1f", 9, scale=1e3),
+    Column("p90", lambda r: r[1].p90, ".1f", 9, scale=1e3),
+    Column("p99", lambda r: r[1].p99, ".1f", 9, scale=1e3),
+]
+
+
+@dataclass(frozen=True)
+class ServeReport:
+    passes: list[ServeResult]
+
+
+def summarize(config: ServeConfig, records: Sequence[RequestRecord], wall: float) -> ServeResult:
     """The run's figures, in the units serving benchmarks report (seconds, tokens/s)."""
     done = [r for r in records if r.ok]
     output = sum(r.output_tokens for r in done)
     tpot = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
     drafted = sum(r.drafted for r in done)
-    return {
-        "config": {**asdict(config), "urls": list(config.urls)},
-        "completed": len(done),
-        "failed": len(records) - len(done),
-        "errors": sorted({r.error for r in records if not r.ok})[:5],
-        "duration_s": wall,
-        "request_throughput": len(done) / wall if wall else 0.0,
-        "output_tokens": output,
-        "output_throughput": output / wall if wall else 0.0,
-        "total_token_throughput": (output + sum(r.prompt_tokens for r in done)) / wall if wall else 0.0,
-        "ttft_s": percentiles([r.ttft for r in done]),
-        "tpot_s": percentiles(tpot),
-        "itl_s": percentiles([gap for r in done for gap in r.itl]),
-        "e2e_latency_s": percentiles([r.e2e for r in done]),
-        "acceptance": (sum(r.accepted for r in done) / drafted) if drafted else None,
-    }
+    return ServeResult(
+        config=config,
+        completed=len(done),
+        failed=len(records) - len(done),
+        errors=sorted({r.error for r in records if not r.ok})[:5],
+        duration_s=wall,
+        request_throughput=len(done) / wall if wall else 0.0,
+        output_tokens=output,
+        output_throughput=output / wall if wall else 0.0,
+        total_token_throughput=(output + sum(r.prompt_tokens for r in done)) / wall if wall else 0.0,
+        ttft_s=Percentiles.of([r.ttft for r in done]),
+        tpot_s=Percentiles.of(tpot),
+        itl_s=Percentiles.of([gap for r in done for gap in r.itl]),
+        e2e_latency_s=Percentiles.of([r.e2e for r in done]),
+        acceptance=(sum(r.accepted for r in done) / drafted) if drafted else None,
+    )
 
 
 def _prompts(config: ServeConfig, n: int) -> list[list[int]]:
@@ -147,7 +206,7 @@ async def _one(session: aiohttp.ClientSession, url: str, config: ServeConfig, pr
     return record
 
 
-async def run_async(config: ServeConfig) -> dict[str, Any]:
+async def run_async(config: ServeConfig) -> ServeResult:
     prompts = _prompts(config, config.requests + config.warmup)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
     connector = aiohttp.TCPConnector(limit=0)
@@ -173,30 +232,5 @@ async def run_async(config: ServeConfig) -> dict[str, Any]:
     return summarize(config, records, wall)
 
 
-def run(config: ServeConfig) -> dict[str, Any]:
+def run(config: ServeConfig) -> ServeResult:
     return asyncio.run(run_async(config))
-
-
-def format_summary(result: dict[str, Any]) -> str:
-    cfg = result["config"]
-    ms = 1000.0
-
-    def row(name: str, key: str) -> str:
-        v = result[key]
-        return f"{name:<10}{v['mean'] * ms:9.1f}{v['p50'] * ms:9.1f}{v['p90'] * ms:9.1f}{v['p99'] * ms:9.1f}"
-
-    acceptance = result["acceptance"]
-    lines = [
-        f"{result['completed']} completions ({result['failed']} failed) at concurrency {cfg['concurrency']}, "
-        f"{cfg['prompt_tokens']} prompt / {cfg['max_tokens']} output tokens, in {result['duration_s']:.1f} s",
-        f"output tokens/s {result['output_throughput']:.1f}   requests/s {result['request_throughput']:.2f}"
-        + (f"   acceptance {acceptance:.2f}" if acceptance is not None else ""),
-        f"{'ms':<10}{'mean':>9}{'p50':>9}{'p90':>9}{'p99':>9}",
-        row("TTFT", "ttft_s"),
-        row("TPOT", "tpot_s"),
-        row("ITL", "itl_s"),
-        row("E2E", "e2e_latency_s"),
-    ]
-    if result["errors"]:
-        lines.append("errors: " + "; ".join(result["errors"]))
-    return "\n".join(lines)

@@ -1,9 +1,10 @@
 """The star benchmark: the real draft server, N emulated targets, a sweep over N, the model alongside.
 
 Processes: the draft runs in its own process (``starsd draft --emulate-service-time ...``, or a real
-checkpoint with ``--model``); all emulated targets share this process's asyncio loop. Each sweep point opens
-N streams, lets them run for a warm-up, measures for ``duration`` seconds, then lets every target finish its
-round and release its session.
+checkpoint with ``--model``); the N emulated targets (the product's target engine and draft link with an
+emulated model runner, :mod:`starsd.bench.emulated`) share this process's asyncio loop. Each sweep point
+opens N streams, lets them run for a warm-up, measures for ``duration`` seconds, then lets every target finish
+its round and release its session.
 
 Baselines, in the same run:
 
@@ -18,19 +19,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from starsd import model
 from starsd.bench import analysis
 from starsd.bench.analysis import ModelInputs, PointMeasurement, PointResult
-from starsd.bench.draft_process import DraftEndpoint, process_cpu_seconds, read_load
+from starsd.bench.emulated import EmulatedTarget, TargetSpec
+from starsd.bench.harness import DraftEndpoint, run_window
 from starsd.bench.profiles import Profile
-from starsd.bench.targets import EmulatedTarget, TargetSpec, loop_lag_monitor, open_channel
+from starsd.bench.report import Column, table, to_json
+from starsd.proto import starsd_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -72,71 +72,127 @@ def sweep_ns(requested: tuple[int, ...] | None, n_star: int) -> tuple[int, ...]:
 
 
 async def measure_point(
-    endpoint: DraftEndpoint,
-    n: int,
-    spec: TargetSpec,
-    cfg: StarConfig,
-    http: aiohttp.ClientSession | None,
+    endpoint: DraftEndpoint, info: pb.InfoResponse, n: int, spec: TargetSpec, cfg: StarConfig
 ) -> PointMeasurement:
-    channels = [open_channel(endpoint.address) for _ in range(n)]
-    stop = asyncio.Event()
-    targets = [
-        EmulatedTarget(f"bench-n{n}-t{i}", ch, spec, seed=cfg.seed * 100_003 + n * 1_009 + i)
-        for i, ch in enumerate(channels)
-    ]
-    try:
-        lag_task = asyncio.create_task(loop_lag_monitor(stop, period=0.02))
-        tasks = [asyncio.create_task(t.run(stop)) for t in targets]
-        await asyncio.sleep(cfg.warmup)
-        start_busy = await _busy(http, endpoint)
-        t0 = time.perf_counter()
-        cpu0 = time.process_time()
-        draft_cpu0 = process_cpu_seconds(endpoint.pid) if endpoint.pid else None
-        await asyncio.sleep(cfg.duration)
-        t1 = time.perf_counter()
-        cpu1 = time.process_time()
-        draft_cpu1 = process_cpu_seconds(endpoint.pid) if endpoint.pid else None
-        end_busy = await _busy(http, endpoint)
-        stop.set()
-        runs = await asyncio.gather(*tasks)
-        lags = await lag_task
-    finally:
-        stop.set()
-        for ch in channels:
-            await ch.close()
-    m = PointMeasurement(n=n, runs=list(runs), t0=t0, t1=t1, loop_lags=lags, targets_cpu_seconds=cpu1 - cpu0)
-    if draft_cpu0 is not None and draft_cpu1 is not None:
-        m.draft_cpu_seconds = draft_cpu1 - draft_cpu0
-    if end_busy:
-        m.load = end_busy[1]
-    if start_busy and end_busy and "busy_seconds_total" in start_busy[1] and "busy_seconds_total" in end_busy[1]:
+    def make(i: int) -> EmulatedTarget:
+        return EmulatedTarget(f"bench-n{n}-t{i}", endpoint.address, info, spec, seed=cfg.seed * 100_003 + n * 1_009 + i)
+
+    w = await run_window(make, n, cfg.warmup, cfg.duration, endpoint, strict=False)
+    assert w.before is not None and w.after is not None
+    start, end = w.before, w.after
+    m = PointMeasurement(n, w.runs, w.t0, w.t1, loop_lags=w.loop_lags, targets_cpu_seconds=end.cpu - start.cpu)
+    if start.draft_cpu is not None and end.draft_cpu is not None:
+        m.draft_cpu_seconds = end.draft_cpu - start.draft_cpu
+    m.load = end.load
+    busy = "busy_seconds_total"
+    if start.load and end.load and busy in start.load and busy in end.load:
         # The draft's own busy counter across the window; without it, the targets' view stands in.
-        m.busy_seconds = float(end_busy[1]["busy_seconds_total"]) - float(start_busy[1]["busy_seconds_total"])
-        m.busy_span = end_busy[0] - start_busy[0]
+        m.busy_seconds = float(end.load[busy]) - float(start.load[busy])
+        m.busy_span = end.wall - start.wall
     return m
 
 
-async def _busy(http: aiohttp.ClientSession | None, endpoint: DraftEndpoint) -> tuple[float, dict[str, Any]] | None:
-    if http is None or endpoint.load_url is None:
-        return None
-    try:
-        return await read_load(http, endpoint.load_url)
-    except (aiohttp.ClientError, TimeoutError, KeyError, ValueError) as exc:
-        log.warning("cannot read the draft's load at %s: %s", endpoint.load_url, exc)
-        return None
+@dataclass(frozen=True)
+class ModelInputsRecord:
+    """The model's inputs as the report states them."""
+
+    tq: float
+    tq_source: str  # "emulated service time" | "measured mean"
+    tp: float
+    tc: float
+    gamma: int
+    alpha: float
+    expected_tokens_per_round: float
+    cycle_time: float
+    optimal_targets: int
+
+
+@dataclass(frozen=True)
+class Host:
+    """How busy the machine was (other work shows up as overhead)."""
+
+    cpus: int | None
+    loadavg_before: list[float] | None
+    loadavg_after: list[float] | None
+    cpu_pressure_avg60_before: float | None
+    cpu_pressure_avg60_after: float | None
+
+
+UNITS = {
+    "throughput": "tokens/s, all targets",
+    "latency": "seconds per round of one target (request to its next request)",
+    "utilization": "draft busy fraction from its busy-seconds counter over the window",
+}
+BASELINES = {
+    "target_only": "N / Tp1: each target decoding alone at the profile's per-token time",
+    "pairs": "N x the measured N=1 point (one target alone on one draft); pairs share nothing",
+}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What the sweep ran: the profile, the points, the draft, the model's inputs, the machine."""
+
+    profile: dict[str, Any]
+    ns: list[int]
+    duration: float
+    warmup: float
+    draft: str  # "emulated" | "model"
+    draft_service_time: float | None
+    max_batch: int
+    seed: int
+    model_inputs: ModelInputsRecord
+    measured_service_time: float | None
+    host: Host | None = None
+    units: dict[str, str] = field(default_factory=lambda: dict(UNITS))
+    baselines: dict[str, str] = field(default_factory=lambda: dict(BASELINES))
+
+
+@dataclass(frozen=True)
+class AtNStar:
+    """The star against its baselines at the first measured N >= N*."""
+
+    n: int
+    star_throughput_per_draft: float
+    pairs_throughput_per_draft: float
+    star_over_pairs_per_draft: float | None
+    star_total_over_target_only: float
+    pairs_total_over_target_only: float
+    accelerators: dict[str, int]
+
+
+@dataclass(frozen=True)
+class StarSummary:
+    optimal_targets: int
+    min_ratio: float
+    min_round_ratio: float
+    min_ratio_measured_inputs: float | None
+    max_utilization_error_measured_inputs: float | None
+    max_idle_fraction_fully_loaded: float | None
+    max_utilization_error_under_loaded: float | None
+    goals: dict[str, bool]
+    # The same goals against the model fed the measured service, verify and loopback transfer times: what is
+    # left is the implementation's own overhead, not the host's transport cost (None: nothing measured).
+    goals_with_measured_inputs: dict[str, bool | None]
+    at_n_star: AtNStar
+    errors: int
+    profile: str
 
 
 @dataclass
 class StarReport:
-    config: dict[str, Any]
+    config: RunConfig
+    summary: StarSummary
     results: list[PointResult]
-    summary: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"config": self.config, "summary": self.summary, "results": [r.to_dict() for r in self.results]}
+        return dict(to_json(self))
+
+    def table(self) -> str:
+        return format_table(self)
 
 
-async def run_star(cfg: StarConfig, endpoint: DraftEndpoint, vocab_size: int, progress: Any = None) -> StarReport:
+async def run_star(cfg: StarConfig, endpoint: DraftEndpoint, info: pb.InfoResponse, progress: Any = None) -> StarReport:
     """Sweep ``cfg.ns`` against a serving draft; baselines and the summary included."""
     p = cfg.profile
     spec = TargetSpec(
@@ -144,18 +200,17 @@ async def run_star(cfg: StarConfig, endpoint: DraftEndpoint, vocab_size: int, pr
         betas=cfg.betas,
         verify_seconds=p.tp,
         wire_seconds=p.tc,
-        vocab_size=vocab_size,
+        vocab_size=int(info.vocab_size),
         session_tokens=cfg.session_tokens,
     )
     measurements: list[PointMeasurement] = []
     load_before, pressure_before = _loadavg(), _cpu_pressure()
-    async with aiohttp.ClientSession() as http:
-        for n in cfg.ns:
-            m = await measure_point(endpoint, n, spec, cfg, http if endpoint.load_url else None)
-            measurements.append(m)
-            if progress:
-                progress(n, m)
-            await asyncio.sleep(0.2)  # let the draft drop the point's streams and sessions
+    for n in cfg.ns:
+        m = await measure_point(endpoint, info, n, spec, cfg)
+        measurements.append(m)
+        if progress:
+            progress(n, m)
+        await asyncio.sleep(0.2)  # let the draft drop the point's streams and sessions
     measured_tq = _mean_service(measurements)
     inputs = cfg.model_inputs(measured_tq)
     results = [analysis.summarize(m, inputs) for m in measurements]
@@ -167,17 +222,9 @@ async def run_star(cfg: StarConfig, endpoint: DraftEndpoint, vocab_size: int, pr
         r.pairs_throughput = r.n * pair.throughput
         r.pairs_model_throughput = r.n * pair_model
         analysis.apply_measured_model(r, inputs, transfer)
-    report = StarReport(config=_config_dict(cfg, inputs, measured_tq), results=results)
     # Other work on the machine shows up as overhead: say how busy it was.
-    report.config["host"] = {
-        "cpus": os.cpu_count(),
-        "loadavg_before": load_before,
-        "loadavg_after": _loadavg(),
-        "cpu_pressure_avg60_before": pressure_before,
-        "cpu_pressure_avg60_after": _cpu_pressure(),
-    }
-    report.summary = summarize_star(results, inputs, p)
-    return report
+    host = Host(os.cpu_count(), load_before, _loadavg(), pressure_before, _cpu_pressure())
+    return StarReport(run_config(cfg, inputs, measured_tq, host), summarize_star(results, inputs, p), results)
 
 
 def _loadavg() -> list[float] | None:
@@ -205,41 +252,34 @@ def _mean_service(measurements: list[PointMeasurement]) -> float | None:
     return sum(services) / len(services) if services else None
 
 
-def _config_dict(cfg: StarConfig, inputs: ModelInputs, measured_tq: float | None) -> dict[str, Any]:
-    return {
-        "profile": cfg.profile.to_dict(),
-        "ns": list(cfg.ns),
-        "duration": cfg.duration,
-        "warmup": cfg.warmup,
-        "draft": "emulated" if cfg.draft_service_time is not None else "model",
-        "draft_service_time": cfg.draft_service_time,
-        "max_batch": cfg.max_batch,
-        "seed": cfg.seed,
-        "model_inputs": {
-            "tq": inputs.tq,
-            "tq_source": "emulated service time" if cfg.draft_service_time is not None else "measured mean",
-            "tp": inputs.tp,
-            "tc": inputs.tc,
-            "gamma": inputs.gamma,
-            "alpha": cfg.profile.alpha,
-            "expected_tokens_per_round": inputs.tokens_per_round,
-            "cycle_time": model.cycle_time(inputs.tq, inputs.tp, inputs.tc),
-            "optimal_targets": inputs.optimal_targets(),
-        },
-        "measured_service_time": measured_tq,
-        "units": {
-            "throughput": "tokens/s, all targets",
-            "latency": "seconds per round of one target (request to its next request)",
-            "utilization": "draft busy fraction from its busy-seconds counter over the window",
-        },
-        "baselines": {
-            "target_only": "N / Tp1: each target decoding alone at the profile's per-token time",
-            "pairs": "N x the measured N=1 point (one target alone on one draft); pairs share nothing",
-        },
-    }
+def run_config(cfg: StarConfig, inputs: ModelInputs, measured_tq: float | None, host: Host | None) -> RunConfig:
+    emulated = cfg.draft_service_time is not None
+    return RunConfig(
+        profile=cfg.profile.to_dict(),
+        ns=list(cfg.ns),
+        duration=cfg.duration,
+        warmup=cfg.warmup,
+        draft="emulated" if emulated else "model",
+        draft_service_time=cfg.draft_service_time,
+        max_batch=cfg.max_batch,
+        seed=cfg.seed,
+        model_inputs=ModelInputsRecord(
+            tq=inputs.tq,
+            tq_source="emulated service time" if emulated else "measured mean",
+            tp=inputs.tp,
+            tc=inputs.tc,
+            gamma=inputs.gamma,
+            alpha=cfg.profile.alpha,
+            expected_tokens_per_round=inputs.tokens_per_round,
+            cycle_time=model.cycle_time(inputs.tq, inputs.tp, inputs.tc),
+            optimal_targets=inputs.optimal_targets(),
+        ),
+        measured_service_time=measured_tq,
+        host=host,
+    )
 
 
-def summarize_star(results: list[PointResult], inputs: ModelInputs, profile: Profile) -> dict[str, Any]:
+def summarize_star(results: list[PointResult], inputs: ModelInputs, profile: Profile) -> StarSummary:
     """The figures the issue asks for: the goals' verdicts and the star against its baselines at N*."""
     n_star = inputs.optimal_targets()
     pair = next(r for r in results if r.n == 1)
@@ -249,28 +289,24 @@ def summarize_star(results: list[PointResult], inputs: ModelInputs, profile: Pro
     measured_full = [r for r in measured if r.model_measured_utilization >= 1.0]
     measured_under = [r for r in measured if r.model_measured_utilization < 1.0]
     full = [r for r in results if r.regime == "FullyLoaded"]
-    return {
-        "optimal_targets": n_star,
-        "min_ratio": min(r.ratio for r in results),
-        "min_round_ratio": min(r.round_ratio for r in results),
-        "min_ratio_measured_inputs": min((r.ratio_measured for r in measured), default=None),
-        "max_utilization_error_measured_inputs": max(
+    return StarSummary(
+        optimal_targets=n_star,
+        min_ratio=min(r.ratio for r in results),
+        min_round_ratio=min(r.round_ratio for r in results),
+        min_ratio_measured_inputs=min((r.ratio_measured for r in measured), default=None),
+        max_utilization_error_measured_inputs=max(
             (abs(r.utilization - r.model_measured_utilization) for r in measured), default=None
         ),
-        "max_idle_fraction_fully_loaded": max((r.idle_fraction for r in full), default=None),
-        "max_utilization_error_under_loaded": max(
-            (abs(r.utilization - r.model_utilization) for r in under), default=None
-        ),
-        "goals": {
+        max_idle_fraction_fully_loaded=max((r.idle_fraction for r in full), default=None),
+        max_utilization_error_under_loaded=max((abs(r.utilization - r.model_utilization) for r in under), default=None),
+        goals={
             "ratio_at_least_0.95": all(r.ratio >= 0.95 for r in results),
             "idle_at_most_3pct_fully_loaded": all(r.idle_fraction <= 0.03 for r in full),
             "utilization_within_5_points_under_loaded": all(
                 abs(r.utilization - r.model_utilization) <= 0.05 for r in under
             ),
         },
-        # The same goals against the model fed the measured service, verify and loopback transfer times:
-        # what is left is the implementation's own overhead, not the host's transport cost.
-        "goals_with_measured_inputs": {
+        goals_with_measured_inputs={
             "ratio_at_least_0.95": all(r.ratio_measured >= 0.95 for r in measured) if measured else None,
             "idle_at_most_3pct_fully_loaded": all(r.idle_fraction <= 0.03 for r in measured_full) if measured else None,
             "utilization_within_5_points_under_loaded": all(
@@ -279,92 +315,96 @@ def summarize_star(results: list[PointResult], inputs: ModelInputs, profile: Pro
             if measured
             else None,
         },
-        "at_n_star": {
-            "n": at.n,
-            "star_throughput_per_draft": at.throughput,
-            "pairs_throughput_per_draft": pair.throughput,
-            "star_over_pairs_per_draft": at.throughput / pair.throughput if pair.throughput else None,
-            "star_total_over_target_only": at.throughput / at.target_only_throughput,
-            "pairs_total_over_target_only": at.pairs_throughput / at.target_only_throughput,
-            "accelerators": {"star": at.n + 1, "pairs": 2 * at.n, "target_only": at.n},
-        },
-        "errors": sum(len(r.errors) for r in results),
-        "profile": profile.name,
-    }
+        at_n_star=AtNStar(
+            n=at.n,
+            star_throughput_per_draft=at.throughput,
+            pairs_throughput_per_draft=pair.throughput,
+            star_over_pairs_per_draft=at.throughput / pair.throughput if pair.throughput else None,
+            star_total_over_target_only=at.throughput / at.target_only_throughput,
+            pairs_total_over_target_only=at.pairs_throughput / at.target_only_throughput,
+            accelerators={"star": at.n + 1, "pairs": 2 * at.n, "target_only": at.n},
+        ),
+        errors=sum(len(r.errors) for r in results),
+        profile=profile.name,
+    )
+
+
+def _cpu(r: PointResult) -> str | None:
+    if r.draft_cpu is None and r.targets_cpu is None:
+        return None
+    return f"{(r.draft_cpu or 0) * 100:.0f}/{(r.targets_cpu or 0) * 100:.0f}%"
+
+
+def _nonzero(value: float) -> float | None:
+    """A figure that does not apply is 0.0 in the record and a dash in the table."""
+    return value or None
+
+
+POINT_COLUMNS: list[Column[PointResult]] = [
+    Column("N", lambda r: r.n, "d", 3),
+    Column("regime", lambda r: r.regime, "", 11, left=True),
+    Column("tok/s", lambda r: r.throughput, ".1f", 8),
+    Column("model", lambda r: r.model_throughput, ".1f", 8),
+    Column("ratio", lambda r: r.ratio, ".3f", 6),
+    Column("rnd", lambda r: r.round_ratio, ".3f", 6),
+    Column("m-rat", lambda r: _nonzero(r.ratio_measured), ".3f", 6),
+    Column("util", lambda r: r.utilization, ".1f", 6, scale=100, unit="%"),
+    Column("model", lambda r: r.model_utilization, ".1f", 6, scale=100, unit="%"),
+    Column("m-util", lambda r: _nonzero(r.model_measured_utilization), ".1f", 6, scale=100, unit="%"),
+    Column("idle", lambda r: r.idle_fraction, ".1f", 6, scale=100, unit="%"),
+    Column("gaps/s", lambda r: r.idle_gaps_per_second, ".1f", 7),
+    Column("p50 ms", lambda r: r.latency_p50, ".2f", 7, scale=1e3),
+    Column("p99 ms", lambda r: r.latency_p99, ".2f", 7, scale=1e3),
+    Column("mdl ms", lambda r: r.model_round_time, ".2f", 7, scale=1e3),
+    Column("pairs", lambda r: r.pairs_throughput, ".1f", 8),
+    Column("tgt-only", lambda r: r.target_only_throughput, ".1f", 8),
+    Column("cpu d/t", _cpu, "", 9),
+]
+
+
+def _verdicts(goals: dict[str, bool] | dict[str, bool | None]) -> str:
+    return ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in goals.items())
 
 
 def format_table(report: StarReport) -> str:
-    cfg = report.config
-    mi = cfg["model_inputs"]
-    p = cfg["profile"]
-    host = cfg.get("host", {})
+    cfg, s = report.config, report.summary
+    mi, p, host = cfg.model_inputs, cfg.profile, cfg.host
     lines = [
-        f"profile {p['name']} [{p['kind']}]: Tq={mi['tq'] * 1e3:.3f} ms ({mi['tq_source']}), "
-        f"Tp={mi['tp'] * 1e3:.3f} ms, Tc={mi['tc'] * 1e3:.3f} ms, gamma={mi['gamma']}, alpha={mi['alpha']}, "
-        f"E[l]+1={mi['expected_tokens_per_round']:.3f}, N*={mi['optimal_targets']}",
-        f"{cfg['duration']:.1f} s measured per point after {cfg['warmup']:.1f} s of warm-up; "
+        f"profile {p['name']} [{p['kind']}]: Tq={mi.tq * 1e3:.3f} ms ({mi.tq_source}), "
+        f"Tp={mi.tp * 1e3:.3f} ms, Tc={mi.tc * 1e3:.3f} ms, gamma={mi.gamma}, alpha={mi.alpha}, "
+        f"E[l]+1={mi.expected_tokens_per_round:.3f}, N*={mi.optimal_targets}",
+        f"{cfg.duration:.1f} s measured per point after {cfg.warmup:.1f} s of warm-up; "
         f"latency = one target's round (request to next request); "
-        f"host: {host.get('cpus')} CPUs, load average {host.get('loadavg_before')}, CPU pressure (some, 60 s) "
-        f"{host.get('cpu_pressure_avg60_before')}% before / {host.get('cpu_pressure_avg60_after')}% after",
+        + (
+            f"host: {host.cpus} CPUs, load average {host.loadavg_before}, CPU pressure (some, 60 s) "
+            f"{host.cpu_pressure_avg60_before}% before / {host.cpu_pressure_avg60_after}% after"
+            if host
+            else "host: unknown"
+        ),
         "",
     ]
-    head = (
-        f"{'N':>3} {'regime':<11} {'tok/s':>8} {'model':>8} {'ratio':>6} {'rnd':>6} {'m-rat':>6} {'util':>6} "
-        f"{'model':>6} {'m-util':>6} "
-        f"{'idle':>6} {'gaps/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'mdl ms':>7} {'pairs':>8} {'tgt-only':>8} "
-        f"{'cpu d/t':>9}"
-    )
+    head, *rows = table(report.results, POINT_COLUMNS, sep=" ")
     lines += [head, "-" * len(head)]
-    for r in report.results:
-        cpu = (
-            f"{(r.draft_cpu or 0) * 100:.0f}/{(r.targets_cpu or 0) * 100:.0f}%"
-            if r.draft_cpu is not None or r.targets_cpu is not None
-            else "-"
-        )
-        lines.append(
-            f"{r.n:>3} {r.regime:<11} {r.throughput:>8.1f} {r.model_throughput:>8.1f} {r.ratio:>6.3f} "
-            f"{r.round_ratio:>6.3f} {_opt(r.ratio_measured, '6.3f')} {r.utilization * 100:>5.1f}% "
-            f"{r.model_utilization * 100:>5.1f}% {_opt(r.model_measured_utilization * 100, '5.1f', '%')} "
-            f"{r.idle_fraction * 100:>5.1f}% {r.idle_gaps_per_second:>7.1f} {r.latency_p50 * 1e3:>7.2f} "
-            f"{r.latency_p99 * 1e3:>7.2f} {r.model_round_time * 1e3:>7.2f} {r.pairs_throughput:>8.1f} "
-            f"{r.target_only_throughput:>8.1f} {cpu:>9}"
-        )
+    for r, row in zip(report.results, rows, strict=True):
+        lines.append(row)
         if r.errors:
             lines.append(f"    {len(r.errors)} target errors, first: {r.errors[0]}")
-    s = report.summary
-    a = s["at_n_star"]
-    goals = s["goals"]
+    a = s.at_n_star
     lines += [
         "",
         "ratio = measured/model tokens/s; rnd = the same for rounds/s (free of acceptance luck); "
         "m-rat, m-util = against the model fed the measured Tq, Tp and loopback Tc; "
         "cpu d/t = draft/targets process CPU",
-        f"at N={a['n']} (N*={s['optimal_targets']}): star {a['star_throughput_per_draft']:.1f} tok/s per draft "
-        f"accelerator vs {a['pairs_throughput_per_draft']:.1f} for a pair "
-        f"(x{a['star_over_pairs_per_draft']:.2f}); total x{a['star_total_over_target_only']:.2f} over "
-        f"target-only decoding (pairs: x{a['pairs_total_over_target_only']:.2f}, with {a['n']} drafts)",
-        "goals: "
-        + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in goals.items())
-        + f"; min ratio {s['min_ratio']:.3f}",
+        f"at N={a.n} (N*={s.optimal_targets}): star {a.star_throughput_per_draft:.1f} tok/s per draft "
+        f"accelerator vs {a.pairs_throughput_per_draft:.1f} for a pair "
+        f"(x{a.star_over_pairs_per_draft or 0.0:.2f}); total x{a.star_total_over_target_only:.2f} over "
+        f"target-only decoding (pairs: x{a.pairs_total_over_target_only:.2f}, with {a.n} drafts)",
+        f"goals: {_verdicts(s.goals)}; min ratio {s.min_ratio:.3f}",
     ]
-    gm = s.get("goals_with_measured_inputs", {})
-    if gm and all(v is not None for v in gm.values()):
+    gm = s.goals_with_measured_inputs
+    if all(v is not None for v in gm.values()) and s.min_ratio_measured_inputs is not None:
         lines.append(
-            "goals against the model fed measured times: "
-            + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in gm.items())
-            + f"; min m-ratio {s['min_ratio_measured_inputs']:.3f}"
+            f"goals against the model fed measured times: {_verdicts(gm)}; "
+            f"min m-ratio {s.min_ratio_measured_inputs:.3f}"
         )
     return "\n".join(lines)
-
-
-def _opt(value: float, spec: str, unit: str = "") -> str:
-    """A number, or a dash where it does not apply (0.0)."""
-    width = int(spec.split(".")[0]) + len(unit)
-    return format(value, spec) + unit if value else "-".rjust(width)
-
-
-def write_json(report: StarReport, path: Path) -> None:
-    import json
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report.to_dict(), indent=2))

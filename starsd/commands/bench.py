@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -34,8 +35,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="N emulated targets on the real draft server, swept over N, against the system model",
         description=(
             "Starts the real draft server (emulating a draft accelerator's service time, or a real checkpoint "
-            "with --draft-model) and N emulated targets in this process: real gRPC clients whose verify time "
-            "and acceptance follow an accelerator profile. Sweeps N and reports throughput, draft "
+            "with --draft-model) and N emulated targets in this process: the target's own engine and draft link "
+            "with a model step whose verify time and acceptance follow an accelerator profile. Sweeps N and "
+            "reports throughput, draft "
             "utilisation and idle gaps, per-target latency and measured/model throughput, with the "
             "target-only and N-independent-pairs baselines."
         ),
@@ -93,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if not logging.getLogger().isEnabledFor(logging.DEBUG):  # the emulated targets' connects are noise here
+        logging.getLogger("starsd.target").setLevel(logging.WARNING)
     return int(handler(args))
 
 
@@ -106,8 +110,8 @@ def run_profiles_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _error(message: str) -> int:
-    print(f"starsd bench star: {message}", file=sys.stderr)
+def _error(message: str, bench: str = "star") -> int:
+    print(f"starsd bench {bench}: {message}", file=sys.stderr)
     return 2
 
 
@@ -193,12 +197,10 @@ def run_star_command(args: argparse.Namespace) -> int:
         report = asyncio.run(_run(cfg, extra, args))
     except RuntimeError as exc:
         return _error(str(exc))
-    from starsd.bench.star import format_table, write_json
+    from starsd.bench.report import write_json
 
-    print(format_table(report))
-    if args.json:
-        write_json(report, args.json)
-        print(f"wrote {args.json}")
+    print(report.table())
+    write_json(args.json, report)
     if args.plot:
         from starsd.bench.plot import plot_star
 
@@ -209,9 +211,8 @@ def run_star_command(args: argparse.Namespace) -> int:
 
 async def _run(cfg: StarConfig, extra: list[str], args: argparse.Namespace) -> StarReport:
     from starsd.bench.analysis import PointMeasurement
-    from starsd.bench.draft_process import DraftEndpoint, DraftProcess, wait_until_serving
+    from starsd.bench.harness import DraftEndpoint, local_draft, wait_until_serving
     from starsd.bench.star import run_star
-    from starsd.bench.targets import fetch_vocab_size
 
     started = time.perf_counter()
 
@@ -225,23 +226,18 @@ async def _run(cfg: StarConfig, extra: list[str], args: argparse.Namespace) -> S
                 file=sys.stderr,
             )
 
-    proc: DraftProcess | None = None
-    if args.draft_address:
-        endpoint = DraftEndpoint(args.draft_address, args.draft_load_url)
-        await wait_until_serving(endpoint.address, 30.0)
-    else:
-        proc = DraftProcess(extra)
-        if not args.quiet:
-            print(f"starting the draft: {' '.join(proc.command()[3:])}", file=sys.stderr)
-        endpoint = await proc.start()
-    try:
-        vocab = await fetch_vocab_size(endpoint.address)
+    async def sweep(endpoint: DraftEndpoint) -> StarReport:
+        info = await wait_until_serving(endpoint.address, 30.0)
         if not args.quiet:
             print(f"sweeping N = {', '.join(map(str, cfg.ns))}", file=sys.stderr)
-        return await run_star(cfg, endpoint, vocab, progress)
-    finally:
-        if proc is not None:
-            proc.stop()
+        return await run_star(cfg, endpoint, info, progress)
+
+    if args.draft_address:
+        return await sweep(DraftEndpoint(args.draft_address, args.draft_load_url))
+    if not args.quiet:
+        print(f"starting the draft: starsd draft {' '.join(extra)}", file=sys.stderr)
+    async with local_draft(extra) as endpoint:
+        return await sweep(endpoint)
 
 
 # --- issue 9: batched drafting, fair scheduling, adaptive gamma; and the protocol overhead -------------------
@@ -318,19 +314,6 @@ def configure_beyond(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     proto.set_defaults(_bench=run_protocol_command)
 
 
-def _write_json(path: Path | None, data: object) -> None:
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=2) + "\n")
-        print(f"wrote {path}")
-
-
-def _machine() -> dict[str, object]:
-    import os
-
-    return {"loadavg_before": list(os.getloadavg()), "cpus": os.cpu_count(), "time": time.time()}
-
-
 def _draft_model(path: Path, name: str) -> Path | None:
     if (path / "config.json").exists():
         return path
@@ -346,14 +329,17 @@ def _stderr_line(line: str) -> None:
 
 
 def run_capacity_command(args: argparse.Namespace) -> int:
-    from starsd.bench.beyond import format_capacity, measure_capacity, summarise_capacity, to_jsonable
+    from starsd.bench.beyond import CapacityReport, measure_capacity, summarise_capacity
+    from starsd.bench.report import Machine, write_json
 
     draft = _draft_model(args.draft_model, "capacity")
     if draft is None:
         return 2
     if min(args.sessions, args.gamma, args.session_tokens, args.repeats) < 1 or args.duration <= 0 or args.warmup < 0:
-        return _error("--sessions, --gamma, --session-tokens, --repeats >= 1, --duration > 0, --warmup >= 0")
-    machine = _machine()
+        return _error(
+            "--sessions, --gamma, --session-tokens, --repeats >= 1, --duration > 0, --warmup >= 0", "capacity"
+        )
+    machine = Machine.now()
     try:
         points = asyncio.run(
             measure_capacity(
@@ -369,29 +355,20 @@ def run_capacity_command(args: argparse.Namespace) -> int:
             )
         )
     except RuntimeError as exc:
-        return _error(str(exc))
-    print(format_capacity(points))
-    _write_json(
-        args.json,
-        {
-            "benchmark": "capacity",
-            "draft_model": str(draft),
-            "session_tokens": args.session_tokens,
-            "repeats": args.repeats,
-            "machine": machine,
-            "summary": to_jsonable(summarise_capacity(points)),
-            "points": to_jsonable(points),
-        },
-    )
+        return _error(str(exc), "capacity")
+    report = CapacityReport(str(draft), args.session_tokens, args.repeats, machine, summarise_capacity(points), points)
+    print(report.table())
+    write_json(args.json, report)
     return 0
 
 
 def run_fairness_command(args: argparse.Namespace) -> int:
-    from starsd.bench.beyond import format_fairness, measure_fairness, to_jsonable
+    from starsd.bench.beyond import FairnessConfig, FairnessReport, measure_fairness
+    from starsd.bench.report import Machine, write_json
 
     if args.busy_sessions < 1 or args.small_targets < 1 or args.tq <= 0 or args.tp < 0 or args.duration <= 0:
-        return _error("--busy-sessions, --small-targets >= 1, --tq > 0, --tp >= 0, --duration > 0")
-    machine = _machine()
+        return _error("--busy-sessions, --small-targets >= 1, --tq > 0, --tp >= 0, --duration > 0", "fairness")
+    machine = Machine.now()
     try:
         points = asyncio.run(
             measure_fairness(
@@ -407,28 +384,30 @@ def run_fairness_command(args: argparse.Namespace) -> int:
             )
         )
     except RuntimeError as exc:
-        return _error(str(exc))
-    print(format_fairness(points))
-    config = {k: getattr(args, k) for k in ("busy_sessions", "small_targets", "tq", "tp", "gamma", "alpha", "duration")}
-    _write_json(
-        args.json, {"benchmark": "fairness", "config": config, "machine": machine, "points": to_jsonable(points)}
+        return _error(str(exc), "fairness")
+    config = FairnessConfig(
+        args.busy_sessions, args.small_targets, args.tq, args.tp, args.gamma, args.alpha, args.duration
     )
+    report = FairnessReport(config, machine, points)
+    print(report.table())
+    write_json(args.json, report)
     return 0
 
 
 def run_gamma_command(args: argparse.Namespace) -> int:
     from starsd.bench import profiles
-    from starsd.bench.beyond import format_gamma, measure_gamma, summarise_gamma, to_jsonable
+    from starsd.bench.beyond import GammaReport, measure_gamma, summarise_gamma
+    from starsd.bench.report import Machine, write_json
 
     names = [n.strip() for n in args.profiles.split(",")] if args.profiles else profiles.names()
     try:
         for name in names:
             profiles.get(name)
     except (KeyError, ValueError) as exc:
-        return _error(str(exc))
+        return _error(str(exc), "gamma")
     if args.duration <= 0 or args.warmup < 0:
-        return _error("--duration must be > 0 and --warmup >= 0")
-    machine = _machine()
+        return _error("--duration must be > 0 and --warmup >= 0", "gamma")
+    machine = Machine.now()
     try:
         points = asyncio.run(
             measure_gamma(
@@ -442,39 +421,26 @@ def run_gamma_command(args: argparse.Namespace) -> int:
             )
         )
     except RuntimeError as exc:
-        return _error(str(exc))
-    print(format_gamma(points))
-    _write_json(
-        args.json,
-        {
-            "benchmark": "gamma",
-            "machine": machine,
-            "points": to_jsonable(points),
-            "summary": to_jsonable(summarise_gamma(points)),
-        },
-    )
+        return _error(str(exc), "gamma")
+    report = GammaReport(machine, points, summarise_gamma(points))
+    print(report.table())
+    write_json(args.json, report)
     return 0
 
 
 def run_protocol_command(args: argparse.Namespace) -> int:
     from starsd.bench import protocol
+    from starsd.bench.report import Machine, write_json
 
     draft = _draft_model(args.draft_model, "protocol")
     if draft is None:
         return 2
-    machine = _machine()
+    machine = Machine.now()
     try:
         results = protocol.run(draft, gamma=args.gamma, rounds=args.rounds)
     except RuntimeError as exc:
-        return _error(str(exc))
-    print(protocol.format_table(results))
-    _write_json(
-        args.json,
-        {
-            "benchmark": "protocol",
-            "draft_model": str(draft),
-            "machine": machine,
-            "results": [r.to_json() for r in results],
-        },
-    )
+        return _error(str(exc), "protocol")
+    report = protocol.ProtocolReport(str(draft), machine, results)
+    print(report.table())
+    write_json(args.json, report)
     return 0

@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 
 def configure_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,7 +43,8 @@ def configure_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_serve_command(args: argparse.Namespace) -> int:
-    from starsd.bench.serve import ServeConfig, format_summary, run
+    from starsd.bench.report import to_json
+    from starsd.bench.serve import ServeConfig, ServeReport, ServeResult, run
 
     if bool(args.url) == (args.local_targets is not None):
         print("starsd bench serve: give --url URL or --local-targets N", file=sys.stderr)
@@ -64,7 +64,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
         if args.no_draft:
             star.kill_draft()
         urls = star.urls
-    passes: list[dict[str, Any]] = []
+    passes: list[ServeResult] = []
     try:
         for concurrency in args.concurrency:
             config = ServeConfig(
@@ -81,12 +81,12 @@ def run_serve_command(args: argparse.Namespace) -> int:
             print(f"concurrency {concurrency}: {config.requests} requests ...", file=sys.stderr, flush=True)
             result = run(config)
             passes.append(result)
-            print(format_summary(result), flush=True)
+            print(result.table(), flush=True)
     finally:
         if star is not None:
             star.stop()
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"passes": passes}, indent=2) + "\n")
+        args.json.write_text(json.dumps(to_json(ServeReport(passes)), indent=2) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
-    return 0 if all(p["failed"] == 0 for p in passes) else 1
+    return 0 if all(p.failed == 0 for p in passes) else 1

@@ -6,7 +6,7 @@ import pytest
 
 from starsd import model
 from starsd.bench.analysis import ModelInputs, PointMeasurement, idle_gaps, percentile, summarize
-from starsd.bench.targets import Round, TargetRun
+from starsd.bench.emulated import Round, TargetRun
 
 TQ, TP, TC = 0.004, 0.010, 0.001  # C = 0.016, N* = 4
 INPUTS = ModelInputs(tq=TQ, tp=TP, tc=TC, gamma=4, betas=(0.8,) * 4)

@@ -10,16 +10,16 @@ import pytest
 
 from starsd.bench.beyond import (
     GammaPoint,
+    GammaReport,
     fairness_point,
-    format_gamma,
     jain_index,
-    parse_metrics,
     per_target_throughput,
     skewed_targets,
     summarise_gamma,
-    window_counts,
 )
-from starsd.bench.targets import Round, TargetRun
+from starsd.bench.emulated import Round, TargetRun
+from starsd.bench.harness import draft_source, parse_metrics, window_counts
+from starsd.bench.report import Machine
 from starsd.cli import main
 
 
@@ -73,7 +73,7 @@ def test_summarise_gamma_picks_the_best_fixed_and_the_ratios() -> None:
     assert (s.best_fixed, s.best_fixed_tokens_per_s) == ("6", 250.0)
     assert s.adaptive_vs_best == pytest.approx(0.96)
     assert s.adaptive_vs_gamma4 == pytest.approx(1.2)
-    table = format_gamma(pts)
+    table = GammaReport(Machine.now(), pts, summarise_gamma(pts)).table()
     assert "0.960" in table and "1.200" in table
 
 
@@ -81,6 +81,19 @@ def test_parse_metrics_reads_unlabelled_samples() -> None:
     text = '# HELP x\nstarsd_draft_batch_size_sum 24.0\nstarsd_draft_batch_size_count 3.0\nother{a="b"} 1\n'
     names = ("starsd_draft_batch_size_sum", "starsd_draft_batch_size_count", "missing")
     assert parse_metrics(text, names) == {"starsd_draft_batch_size_sum": 24.0, "starsd_draft_batch_size_count": 3.0}
+
+
+def test_draft_source_splits_the_model_or_the_emulated_time_from_the_rest() -> None:
+    assert draft_source(["--model", "m", "--max-batch", "8"]) == (Path("m"), None, ["--max-batch", "8"])
+    assert draft_source(["--schedule", "fair", "--emulate-service-time", "0.004"]) == (
+        None,
+        0.004,
+        ["--schedule", "fair"],
+    )
+    with pytest.raises(ValueError, match="exactly one"):
+        draft_source(["--max-batch", "8"])
+    with pytest.raises(ValueError, match="exactly one"):
+        draft_source(["--model", "m", "--emulate-service-time", "0.004"])
 
 
 def test_capacity_without_a_checkpoint_says_so(tmp_path: Path) -> None:
@@ -97,25 +110,6 @@ def test_fairness_end_to_end_writes_json(tmp_path: Path, capsys: pytest.CaptureF
         assert set(p["per_target"]) == {"busy", "small-1"}
         assert 0.5 <= p["jain"] <= 1.0
     assert "Jain" in capsys.readouterr().out
-
-
-def test_round_draws_accept_with_alpha_and_couple_every_gamma() -> None:
-    from starsd.bench.beyond import RoundDraws
-
-    alpha, rounds = 0.7, 20_000
-    draws = RoundDraws(alpha, seed=4, width=8)
-    accepted = judged = 0
-    for r in range(rounds):
-        run = draws.accepted(r, 4)
-        accepted += run
-        judged += run + (1 if run < 4 else 0)  # the run and the first wrong position
-    assert abs(accepted / judged - alpha) < 0.01  # each position is right with probability alpha
-    # Another gamma on the same seed meets the same draws: its run is the other's, cut at its own gamma.
-    short, long = RoundDraws(alpha, seed=9, width=8), RoundDraws(alpha, seed=9, width=8)
-    for r in range(500):
-        assert short.accepted(r, 2) == min(long.accepted(r, 8), 2)
-    with pytest.raises(ValueError):
-        short.accepted(0, 9)
 
 
 def test_summarise_capacity_takes_medians_over_the_interleaved_passes() -> None:
