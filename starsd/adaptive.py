@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from starsd.model import expected_tokens_per_round
+from starsd.system_model import expected_tokens_per_round
 
 
 @dataclass

@@ -98,7 +98,7 @@ class SlabLayer(DynamicLayer):
     def crop(self, max_length: int) -> None:
         """Keep the first ``max_length`` tokens (``max_length < 0``: drop the last ``-max_length``).
 
-        These are transformers 4.x's semantics, which :mod:`starsd.runners` relies on (``cache.crop(keep)``,
+        These are transformers 4.x's semantics, which :mod:`starsd.checkpoints` relies on (``cache.crop(keep)``,
         ``keep`` possibly 0). transformers 5.x's ``DynamicLayer.crop`` only accepts a negative count and treats
         ``crop(0)`` as a no-op; a negative argument means the same under both.
         """
@@ -282,7 +282,7 @@ class SlotPool:
     def step_cache(self, slots: list[PoolSlot], cached: list[int], widths: list[int]) -> Cache:
         """The cache of one forward pass over ``slots``: row ``b`` has ``cached[b]`` tokens in its slot and feeds
         ``widths[b]`` new ones, right-aligned in a feed of ``max(widths)`` (see
-        :func:`starsd.target.batching.step_layout`). The pass writes each real token's keys and values at its
+        :func:`starsd.verifier.runner.step_layout`). The pass writes each real token's keys and values at its
         slot's next columns, the padding's at the column after them (never attended), and attends columns
         ``[0, max(cached + widths))`` of its rows. Call :meth:`reserve` first."""
         width = max(widths)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from starsd.drafting import SamplingParams as SamplingParams  # defined torch-free, used here
+from starsd.proposals import SamplingParams as SamplingParams  # defined torch-free, used here
 from starsd.seeding import draft_seed
 
 

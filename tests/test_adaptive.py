@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from starsd.adaptive import AcceptanceEstimate, choose_gamma, ewma, session_throughput
-from starsd.model import throughput
+from starsd.system_model import throughput
 
 
 def test_the_policy_objective_is_the_system_model_per_session() -> None:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from starsd.target.scheduler import BudgetExceeded, KvBudget
+from starsd.verifier.scheduler import BudgetExceeded, KvBudget
 
 
 def test_the_longest_reservation_sets_every_slot_so_a_long_completion_admits_fewer() -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from starsd.target.api import Limits, RequestError, check_context, find_stop, parse_completion, stream_safe_length
+from starsd.verifier.api import Limits, RequestError, check_context, find_stop, parse_completion, stream_safe_length
 
 LIMITS = Limits(vocab_size=100, max_context=64, max_tokens_cap=50)
 MODELS = ("target",)

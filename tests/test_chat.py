@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from starsd.target.api import Limits, RequestError
-from starsd.target.chat import load_chat_template, parse_chat, render_chat
+from starsd.verifier.api import Limits, RequestError
+from starsd.verifier.chat import load_chat_template, parse_chat, render_chat
 from starsd.vocab import load_tokenizer
 
 LIMITS = Limits(vocab_size=100, max_context=64, max_tokens_cap=50)

@@ -13,8 +13,8 @@ from starsd.draft.core import validate_request
 from starsd.draft.load import LoadTracker
 from starsd.draft.proposers import curve_time
 from starsd.draft.sessions import SessionError, SessionStore
-from starsd.model import BatchCurve
 from starsd.proto import starsd_pb2 as pb
+from starsd.system_model import BatchCurve
 
 
 class Clock:

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 import aiohttp
 from aiohttp import web
 
-from starsd.target import drain
+from starsd.verifier import drain
 
 
 class SlowApp:

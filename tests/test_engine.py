@@ -6,10 +6,10 @@ import asyncio
 import dataclasses
 from pathlib import Path
 
-from starsd.runners import load_checkpoint
+from starsd.checkpoints import load_checkpoint
 from starsd.sampling import SamplingParams
-from starsd.target.api import Limits, RequestError, parse_completion
-from starsd.target.engine import GenerationStats, TargetEngine
+from starsd.verifier.api import Limits, RequestError, parse_completion
+from starsd.verifier.engine import GenerationStats, TargetEngine
 from tests.support.reference import autoregressive_reference
 
 PROMPT = [5, 17, 42, 7, 99]

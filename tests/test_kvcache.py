@@ -10,7 +10,7 @@ import torch
 from transformers import DynamicCache
 
 from starsd import kvcache
-from starsd.runners import load_checkpoint
+from starsd.checkpoints import load_checkpoint
 
 
 def test_slab_cache_matches_the_dynamic_cache_through_growth_and_crops(random_pair: tuple[Path, Path]) -> None:

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from starsd.checkpoints import ModelLoadError, load_checkpoint
 from starsd.draft.model_process import ModelProcessGone, ProcessProposer
-from starsd.runners import DraftRequest, DraftRunner, ModelLoadError, load_checkpoint
+from starsd.draft.runner import DraftRunner
+from starsd.proposals import DraftRequest
 from starsd.sampling import SamplingParams
 
 GREEDY = SamplingParams()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from starsd import model
+from starsd import system_model
 from starsd.bench import profiles
 from starsd.cli import main
 
@@ -42,7 +42,7 @@ def test_json_output_matches_the_model(capsys: pytest.CaptureFixture[str]) -> No
     assert report["optimal_targets"] == 7
     assert [r["n"] for r in report["rows"]] == [1, 7, 32]
     for row in report["rows"]:
-        assert row["throughput"] == pytest.approx(model.throughput(row["n"], 0.004, 0.02, 0.001, 4, alpha=0.8))
+        assert row["throughput"] == pytest.approx(system_model.throughput(row["n"], 0.004, 0.02, 0.001, 4, alpha=0.8))
         assert row["regime"] in ("UnderLoaded", "FullyLoaded")
     assert report["rows"][1]["optimal"] is True
 
@@ -59,8 +59,8 @@ def test_batch_curve_raises_n_star_and_says_why(capsys: pytest.CaptureFixture[st
     assert code == 0
     assert "grows slowly with B" in out
     marked = [line for line in out.splitlines() if "<- N*" in line]
-    assert marked and int(marked[0].split()[0]) == model.batched_optimal_targets(
-        model.BatchCurve(((1, 0.004), (8, 0.006))), 0.02, 0.001
+    assert marked and int(marked[0].split()[0]) == system_model.batched_optimal_targets(
+        system_model.BatchCurve(((1, 0.004), (8, 0.006))), 0.02, 0.001
     )
 
 
@@ -69,7 +69,7 @@ def test_profile_supplies_the_times_and_flags_override_them(capsys: pytest.Captu
     assert main(["plan", "--profile", p.name, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["inputs"]["tq"] == p.tq and report["inputs"]["alpha"] == p.alpha
-    assert report["optimal_targets"] == model.optimal_targets(p.tq, p.tp, p.tc)
+    assert report["optimal_targets"] == system_model.optimal_targets(p.tq, p.tp, p.tc)
     assert main(["plan", "--profile", p.name, "--tq", "0.001", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["inputs"]["tq"] == 0.001 and report["inputs"]["tp"] == p.tp

@@ -9,7 +9,7 @@ import itertools
 import torch
 
 from starsd.sampling import sample, target_generator, verify
-from starsd.target.processing import LogitRules, apply_rules, generated_counts, round_processor
+from starsd.verifier.processing import LogitRules, apply_rules, generated_counts, round_processor
 from tests.stats import fits
 
 

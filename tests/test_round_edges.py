@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from starsd.draft.runner import DraftRunner
 from starsd.proto import starsd_pb2 as pb
-from starsd.runners import DraftRunner
 from starsd.sampling import Verdict, draft_generator, sample, target_generator
-from starsd.target.api import stop_check
-from starsd.target.draft_client import proposal_fault
-from starsd.target.engine import kept_counts
+from starsd.verifier.api import stop_check
+from starsd.verifier.draft_client import proposal_fault
+from starsd.verifier.engine import kept_counts
 from tests.stats import fits
 
 
@@ -98,7 +98,7 @@ def test_the_draft_runner_seeds_its_sessions_with_the_draft_stream() -> None:
 
 def test_each_request_on_the_stream_says_how_many_of_its_burst_follow() -> None:
     """A step's sessions ask the draft together; each request carries the count still queued behind it."""
-    from starsd.target.draft_client import DraftClient
+    from starsd.verifier.draft_client import DraftClient
 
     async def sent() -> list[tuple[int, int]]:
         queue: asyncio.Queue[pb.ProposeRequest | None] = asyncio.Queue()

@@ -7,14 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from starsd.runners import (
-    DraftRunner,
-    ModelLoadError,
-    check_same_vocabulary,
-    load_checkpoint,
-)
+from starsd.checkpoints import ModelLoadError, check_same_vocabulary, load_checkpoint
+from starsd.draft.runner import DraftRunner
 from starsd.sampling import SamplingParams
-from starsd.target.batching import StepRow, TargetRunner
+from starsd.verifier.runner import StepRow, TargetRunner
 from tests.support.reference import autoregressive_reference
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -106,7 +102,7 @@ def test_the_draft_never_proposes_past_its_context(random_pair: tuple[Path, Path
 
 def test_batched_drafting_matches_drafting_one_session_at_a_time(random_pair: tuple[Path, Path]) -> None:
     """Padding and masks keep sessions apart: same tokens and the same proposal distributions."""
-    from starsd.runners import DraftRequest
+    from starsd.proposals import DraftRequest
 
     draft = load_checkpoint(random_pair[0])
     proposer = DraftRunner(draft)
@@ -136,7 +132,7 @@ def test_batched_drafting_matches_drafting_one_session_at_a_time(random_pair: tu
 
 def test_a_batch_mixes_new_sessions_with_long_cached_ones(random_pair: tuple[Path, Path]) -> None:
     """New sessions (no cache yet), long ones (caches past their first growth) and gamma 1 share one batch."""
-    from starsd.runners import DraftRequest
+    from starsd.proposals import DraftRequest
 
     draft = load_checkpoint(random_pair[0])
     proposer = DraftRunner(draft)

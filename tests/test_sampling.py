@@ -197,7 +197,7 @@ def test_batched_probabilities_equal_the_per_row_ones() -> None:
 
 def test_the_greedy_step_verdict_equals_the_general_one_on_one_hot_distributions() -> None:
     from starsd.sampling import probs_batch, step_draws, verify_batch
-    from starsd.target.batching import greedy_verdict
+    from starsd.verifier.runner import greedy_verdict
 
     gen = torch.Generator().manual_seed(8)
     rows, width, vocab = 64, 4, 9

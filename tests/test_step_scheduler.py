@@ -6,7 +6,7 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from starsd.target.scheduler import StepScheduler
+from starsd.verifier.scheduler import StepScheduler
 
 
 def test_sessions_woken_by_a_step_all_run_in_the_next_one() -> None:

@@ -21,8 +21,8 @@ import pytest
 from e2e.kube import Cluster, wait_until
 from e2e.operator_process import install_chart
 from e2e.starsd_cluster import RESOURCE, apply, wait_ready
+from starsd.checkpoints import LoadedModel, load_checkpoint
 from starsd.local import http_json
-from starsd.runners import LoadedModel, load_checkpoint
 from tests.support.reference import autoregressive_reference
 
 REPO = Path(__file__).resolve().parents[2]

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from starsd.checkpoints import LoadedModel, load_checkpoint
 from starsd.local import http_json
-from starsd.runners import LoadedModel, load_checkpoint
 from tests.support.reference import autoregressive_reference
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ one *recommendation*, a target count, from the current count ``n``:
 4. Otherwise ``n``: hold.
 
 A recommendation within the **tolerance** band (``|r - n| <= tolerance * n``) counts as ``n``. N* is the
-draft's ``recommended_targets``, or the system model's (:func:`starsd.model.optimal_targets`) on the
+draft's ``recommended_targets``, or the system model's (:func:`starsd.system_model.optimal_targets`) on the
 reported times when the draft gives none; a rule that needs N* holds without it.
 
 **Stabilisation, as the HPA's.** Up and down have their own windows (``scaleUp`` / ``scaleDown``
@@ -124,9 +124,9 @@ class Load:
         if self.recommended_targets >= 1:
             return self.recommended_targets
         if self.tq_seconds > 0:
-            from starsd import model  # the data plane's model; imported late so the operator starts lean
+            from starsd import system_model  # imported late so the operator starts lean
 
-            return model.optimal_targets(self.tq_seconds, self.tp_seconds, self.tc_seconds)
+            return system_model.optimal_targets(self.tq_seconds, self.tp_seconds, self.tc_seconds)
         return None
 
     @property

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from starsd import model
+from starsd import system_model
 from starsd.bench.emulated import Round, TargetRun
 
 # Gaps shorter than this between two services, seen from the targets, are jitter of the return path.
@@ -45,37 +45,37 @@ class ModelInputs:
     gamma: int
     betas: tuple[float, ...]
     max_batch: int = 1
-    curve: model.BatchCurve | None = None
+    curve: system_model.BatchCurve | None = None
 
     @property
     def tokens_per_round(self) -> float:
-        return model.expected_tokens_per_round(self.gamma, betas=self.betas)
+        return system_model.expected_tokens_per_round(self.gamma, betas=self.betas)
 
     def optimal_targets(self) -> int:
         """N*: with batching, the batched one (the draft saturated at its best batch up to ``max_batch``)."""
         if self.max_batch > 1 and self.curve is not None:
-            return model.batched_optimal_targets(_clip(self.curve, self.max_batch), self.tp, self.tc)
-        return model.optimal_targets(self.tq, self.tp, self.tc)
+            return system_model.batched_optimal_targets(_clip(self.curve, self.max_batch), self.tp, self.tc)
+        return system_model.optimal_targets(self.tq, self.tp, self.tc)
 
     def point(self, n: int) -> tuple[float, float, float, str]:
         """(throughput, utilisation, round time, regime) of the model at ``n`` targets."""
         if self.max_batch > 1 and self.curve is not None:
             curve = _clip(self.curve, self.max_batch)
-            p = model.batched_point(n, curve, self.tp, self.tc, self.gamma, betas=self.betas)
+            p = system_model.batched_point(n, curve, self.tp, self.tc, self.gamma, betas=self.betas)
             return p.throughput, p.utilization, p.round_time, str(p.regime)
         return (
-            model.throughput(n, self.tq, self.tp, self.tc, self.gamma, betas=self.betas),
-            model.utilization(n, self.tq, self.tp, self.tc),
-            model.round_time(n, self.tq, self.tp, self.tc),
-            str(model.regime(n, self.tq, self.tp, self.tc)),
+            system_model.throughput(n, self.tq, self.tp, self.tc, self.gamma, betas=self.betas),
+            system_model.utilization(n, self.tq, self.tp, self.tc),
+            system_model.round_time(n, self.tq, self.tp, self.tc),
+            str(system_model.regime(n, self.tq, self.tp, self.tc)),
         )
 
 
-def _clip(curve: model.BatchCurve, max_batch: int) -> model.BatchCurve:
+def _clip(curve: system_model.BatchCurve, max_batch: int) -> system_model.BatchCurve:
     if curve.max_batch <= max_batch:
         return curve
     pts = [(b, t) for b, t in curve.points if b < max_batch]
-    return model.BatchCurve((*pts, (max_batch, curve.tq(max_batch))))
+    return system_model.BatchCurve((*pts, (max_batch, curve.tq(max_batch))))
 
 
 @dataclass
@@ -153,10 +153,10 @@ def apply_measured_model(r: PointResult, inputs: ModelInputs, transfer: float) -
     if r.service_mean <= 0 or r.rounds == 0 or inputs.max_batch > 1:
         return  # with batching an answer reports its share of a pass, not the pass it waited for: n/a
     tc = max(0.0, transfer)
-    r.model_measured_throughput = model.throughput(
+    r.model_measured_throughput = system_model.throughput(
         r.n, r.service_mean, r.verify_mean, tc, inputs.gamma, betas=inputs.betas
     )
-    r.model_measured_utilization = model.utilization(r.n, r.service_mean, r.verify_mean, tc)
+    r.model_measured_utilization = system_model.utilization(r.n, r.service_mean, r.verify_mean, tc)
     r.ratio_measured = r.throughput / r.model_measured_throughput if r.model_measured_throughput else 0.0
 
 

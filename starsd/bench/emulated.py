@@ -1,10 +1,10 @@
 """Emulated targets: the product's own target loop with an emulated model runner.
 
-An emulated target is a real :class:`starsd.target.engine.TargetEngine` (the step scheduler, the generation
-loop) talking to the draft through a real :class:`starsd.target.draft_client.DraftClient` and
-:class:`~starsd.target.draft_client.DraftLink` (one long-lived ``Propose`` stream, the real request fields, the
+An emulated target is a real :class:`starsd.verifier.engine.TargetEngine` (the step scheduler, the generation
+loop) talking to the draft through a real :class:`starsd.verifier.draft_client.DraftClient` and
+:class:`~starsd.verifier.draft_client.DraftLink` (one long-lived ``Propose`` stream, the real request fields, the
 real fallback and adaptive gamma). Only the model is emulated: :class:`EmulatedTargetRunner` has the
-interface of :class:`starsd.target.batching.TargetRunner`, and its step holds the model thread for the
+interface of :class:`starsd.verifier.runner.TargetRunner`, and its step holds the model thread for the
 profile's verify time (releasing the GIL, as kernels do) and draws how many drafts are accepted instead of
 computing logits. Token ids are not looked at, so a target costs a few hundred microseconds of CPU per round.
 
@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from starsd.checkpoints import LoadedModel
 from starsd.proto import starsd_pb2 as pb
-from starsd.runners import LoadedModel
 from starsd.sampling import SamplingParams
-from starsd.target.batching import RowOutcome, StepRow, TargetRunner, TargetSession
-from starsd.target.draft_client import DraftClient, DraftClientOptions
-from starsd.target.engine import BatchOptions, GenerationStats, TargetEngine
+from starsd.verifier.draft_client import DraftClient, DraftClientOptions
+from starsd.verifier.engine import BatchOptions, GenerationStats, TargetEngine
+from starsd.verifier.runner import RowOutcome, StepRow, TargetRunner, TargetSession
 
 _MAX_CORRECTION = 0.001  # seconds: the most one hold's lateness may move the correction
 

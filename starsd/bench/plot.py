@@ -13,14 +13,16 @@ def plot_star(report: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from starsd import model
+    from starsd import system_model
     from starsd.bench.analysis import ModelInputs
 
     results = report["results"]
     mi = report["config"]["model_inputs"]
     p = report["config"]["profile"]
     max_batch = int(report["config"].get("max_batch", 1))
-    curve = model.BatchCurve(tuple((int(b), float(t)) for b, t in p["batch_curve"])) if p["batch_curve"] else None
+    curve = (
+        system_model.BatchCurve(tuple((int(b), float(t)) for b, t in p["batch_curve"])) if p["batch_curve"] else None
+    )
     inputs = ModelInputs(
         tq=mi["tq"],
         tp=mi["tp"],
@@ -44,7 +46,7 @@ def plot_star(report: dict[str, Any], path: Path) -> None:
     ax1.plot(ns, [r["throughput"] for r in results], "o", color="tab:blue", label="star, measured")
     ax1.plot(dense, [n * pair for n in dense], ":", color="tab:green", label="N independent pairs (N drafts)")
     ax1.plot(dense, [n / p["tp1"] for n in dense], "--", color="tab:gray", label="target-only decoding")
-    capacity = model.expected_tokens_per_round(mi["gamma"], alpha=mi["alpha"]) / mi["tq"]
+    capacity = system_model.expected_tokens_per_round(mi["gamma"], alpha=mi["alpha"]) / mi["tq"]
     ax1.axhline(capacity, color="tab:blue", lw=0.8, ls=(0, (1, 3)), label="capacity of a one-at-a-time draft")
     ax1.set_xlabel("targets N")
     ax1.set_ylabel("tokens/s (all targets)")

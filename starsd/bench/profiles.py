@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from starsd import model
+from starsd import system_model
 
 KINDS = ("measured", "derived", "user")
 
@@ -46,8 +46,8 @@ class Profile:
         if self.kind not in KINDS:
             raise ValueError(f"profile {self.name}: kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         try:
-            model.cycle_time(self.tq, self.tp, self.tc)
-            model.expected_tokens_per_round(self.gamma, alpha=self.alpha)
+            system_model.cycle_time(self.tq, self.tp, self.tc)
+            system_model.expected_tokens_per_round(self.gamma, alpha=self.alpha)
             if isinstance(self.tp1, bool) or not isinstance(self.tp1, int | float) or not self.tp1 > 0:
                 raise ValueError(f"tp1 must be > 0 seconds per token, got {self.tp1!r}")
             if not math.isfinite(self.tp1):
@@ -58,8 +58,12 @@ class Profile:
         except ValueError as exc:
             raise ValueError(f"profile {self.name}: {exc}") from None
 
-    def curve(self) -> model.BatchCurve | None:
-        return model.BatchCurve(tuple((int(b), float(t)) for b, t in self.batch_curve)) if self.batch_curve else None
+    def curve(self) -> system_model.BatchCurve | None:
+        return (
+            system_model.BatchCurve(tuple((int(b), float(t)) for b, t in self.batch_curve))
+            if self.batch_curve
+            else None
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -243,7 +247,7 @@ def load_profile_json(path: str | Path) -> Profile:
 
 def describe(p: Profile) -> str:
     """A few lines for ``starsd bench profiles``."""
-    n_star = model.optimal_targets(p.tq, p.tp, p.tc)
+    n_star = system_model.optimal_targets(p.tq, p.tp, p.tc)
     lines = [
         f"{p.name}  [{p.kind}]",
         f"  draft {p.draft} | target {p.target} | {p.hardware}",
@@ -253,7 +257,7 @@ def describe(p: Profile) -> str:
     curve = p.curve()
     if curve is not None:
         pts = ", ".join(f"{b}:{t * 1e3:.2f}" for b, t in curve.points)
-        lines.append(f"  Tq(B) ms: {pts}  (batched N*={model.batched_optimal_targets(curve, p.tp, p.tc)})")
+        lines.append(f"  Tq(B) ms: {pts}  (batched N*={system_model.batched_optimal_targets(curve, p.tp, p.tc)})")
     lines.append(f"  source: {p.source}")
     lines.append(f"  derivation: {p.derivation} {n_star_derivation(p)}")
     return "\n".join(lines)
@@ -262,7 +266,7 @@ def describe(p: Profile) -> str:
 def n_star_derivation(p: Profile) -> str:
     """How ``N*`` follows from the profile's times, computed (never written by hand, so it cannot disagree
     with the ``N*=`` of the header)."""
-    n_star = model.optimal_targets(p.tq, p.tp, p.tc)
+    n_star = system_model.optimal_targets(p.tq, p.tp, p.tc)
     return (
         f"N* = ceil(1 + (Tp + 2 Tc) / Tq) = ceil(1 + ({p.tp * 1e3:.3f} + {2 * p.tc * 1e3:.3f}) / "
         f"{p.tq * 1e3:.3f}) = {n_star}."

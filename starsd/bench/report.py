@@ -79,3 +79,8 @@ class Machine:
     @classmethod
     def now(cls) -> Machine:
         return cls(list(os.getloadavg()), os.cpu_count(), time.time())
+
+
+def ratio(a: float, b: float) -> float | None:
+    """``a / b``, or None when ``b`` is not positive (a figure that cannot be formed prints as a dash)."""
+    return a / b if b > 0 else None

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from starsd import model
+from starsd import system_model
 from starsd.bench import analysis
 from starsd.bench.analysis import ModelInputs, PointMeasurement, PointResult
 from starsd.bench.emulated import EmulatedTarget, TargetSpec
@@ -50,7 +50,7 @@ class StarConfig:
 
     @property
     def betas(self) -> tuple[float, ...]:
-        return tuple(model.position_acceptance(self.profile.gamma, alpha=self.profile.alpha))
+        return tuple(system_model.position_acceptance(self.profile.gamma, alpha=self.profile.alpha))
 
     def model_inputs(self, measured_tq: float | None = None) -> ModelInputs:
         p = self.profile
@@ -271,7 +271,7 @@ def run_config(cfg: StarConfig, inputs: ModelInputs, measured_tq: float | None, 
             gamma=inputs.gamma,
             alpha=cfg.profile.alpha,
             expected_tokens_per_round=inputs.tokens_per_round,
-            cycle_time=model.cycle_time(inputs.tq, inputs.tp, inputs.tc),
+            cycle_time=system_model.cycle_time(inputs.tq, inputs.tp, inputs.tc),
             optimal_targets=inputs.optimal_targets(),
         ),
         measured_service_time=measured_tq,

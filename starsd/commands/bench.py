@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from starsd import model
+from starsd import system_model
 
 if TYPE_CHECKING:  # the benchmark's modules import grpc and aiohttp: only when a benchmark runs
     from starsd.bench.star import StarConfig, StarReport
@@ -80,7 +80,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     prof = sub.add_parser("profiles", help="the accelerator profiles and their sources")
     prof.add_argument("--json", action="store_true", help="print JSON")
     prof.set_defaults(_bench=run_profiles_command)
-    configure_beyond(sub)
+    configure_draft_benchmarks(sub)
     from starsd.commands.bench_serve import configure_serve
 
     configure_serve(sub)
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     if not logging.getLogger().isEnabledFor(logging.DEBUG):  # the emulated targets' connects are noise here
-        logging.getLogger("starsd.target").setLevel(logging.WARNING)
+        logging.getLogger("starsd.verifier").setLevel(logging.WARNING)
     return int(handler(args))
 
 
@@ -139,7 +139,7 @@ def build_config(args: argparse.Namespace) -> tuple[StarConfig, list[str]]:
         changes["tq"] = service
     curve_text = args.batch_curve
     if curve_text:
-        given = model.BatchCurve.parse(curve_text, unbatched=service if service is not None else prof.tq)
+        given = system_model.BatchCurve.parse(curve_text, unbatched=service if service is not None else prof.tq)
         changes["batch_curve"] = given.points
         changes["tq"] = given.tq(1)
         service = given.tq(1) if service is not None else None
@@ -161,7 +161,7 @@ def build_config(args: argparse.Namespace) -> tuple[StarConfig, list[str]]:
             prof.tq, prof.tp, prof.tc, prof.gamma, (prof.alpha,) * prof.gamma, args.max_batch, curve
         ).optimal_targets()
     else:
-        n_star = model.optimal_targets(prof.tq, prof.tp, prof.tc)
+        n_star = system_model.optimal_targets(prof.tq, prof.tp, prof.tc)
     cfg = StarConfig(
         profile=prof,
         ns=sweep_ns(args.n, n_star),
@@ -240,7 +240,7 @@ async def _run(cfg: StarConfig, extra: list[str], args: argparse.Namespace) -> S
         return await sweep(endpoint)
 
 
-# --- issue 9: batched drafting, fair scheduling, adaptive gamma; and the protocol overhead -------------------
+# --- the draft's benchmarks: batched drafting, fair scheduling, adaptive gamma; and the protocol overhead ---
 
 DEFAULT_DRAFT_MODEL = Path("models/draft")
 
@@ -255,7 +255,7 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def configure_beyond(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def configure_draft_benchmarks(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     fmt = argparse.ArgumentDefaultsHelpFormatter
     cap = sub.add_parser(
         "capacity",
@@ -329,7 +329,7 @@ def _stderr_line(line: str) -> None:
 
 
 def run_capacity_command(args: argparse.Namespace) -> int:
-    from starsd.bench.beyond import CapacityReport, measure_capacity, summarise_capacity
+    from starsd.bench.capacity import CapacityReport, measure_capacity, summarise_capacity
     from starsd.bench.report import Machine, write_json
 
     draft = _draft_model(args.draft_model, "capacity")
@@ -363,7 +363,7 @@ def run_capacity_command(args: argparse.Namespace) -> int:
 
 
 def run_fairness_command(args: argparse.Namespace) -> int:
-    from starsd.bench.beyond import FairnessConfig, FairnessReport, measure_fairness
+    from starsd.bench.fairness import FairnessConfig, FairnessReport, measure_fairness
     from starsd.bench.report import Machine, write_json
 
     if args.busy_sessions < 1 or args.small_targets < 1 or args.tq <= 0 or args.tp < 0 or args.duration <= 0:
@@ -396,7 +396,7 @@ def run_fairness_command(args: argparse.Namespace) -> int:
 
 def run_gamma_command(args: argparse.Namespace) -> int:
     from starsd.bench import profiles
-    from starsd.bench.beyond import GammaReport, measure_gamma, summarise_gamma
+    from starsd.bench.gamma import GammaReport, measure_gamma, summarise_gamma
     from starsd.bench.report import Machine, write_json
 
     names = [n.strip() for n in args.profiles.split(",")] if args.profiles else profiles.names()

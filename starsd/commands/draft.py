@@ -86,11 +86,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from starsd.checkpoints import ModelLoadError
     from starsd.draft.core import DraftConfig
     from starsd.draft.proposers import EmulatedProposer, ModelProposer, Proposer
     from starsd.draft.server import DraftServer, DraftServerOptions, serve_forever
-    from starsd.drafting import ModelLoadError
-    from starsd.model import BatchCurve
+    from starsd.system_model import BatchCurve
 
     if (args.model is None) == (args.emulate_service_time is None):
         return fail("give exactly one of --model PATH or --emulate-service-time SECONDS")
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
             proposer = ProcessProposer(args.model, args.threads, device=args.device, dtype=args.dtype)
         elif args.model is not None:
-            from starsd.runners import load_checkpoint, set_threads
+            from starsd.checkpoints import load_checkpoint, set_threads
 
             set_threads(args.threads)
             proposer = ModelProposer(load_checkpoint(args.model, args.device, args.dtype))

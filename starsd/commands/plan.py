@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from starsd import model
+from starsd import system_model
 
 
 def _n_list(text: str) -> list[int]:
@@ -82,11 +82,11 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
         values.update(betas=args.betas, alpha=None)
     if args.batch_curve is not None:
         curve_text = args.batch_curve
-    curve: model.BatchCurve | None = None
+    curve: system_model.BatchCurve | None = None
     if curve_text:
         if values["tq"] is None and "1:" not in curve_text.replace(" ", ""):
             raise ValueError("missing --tq (or a 1:SECONDS point in --batch-curve)")
-        curve = model.BatchCurve.parse(curve_text, unbatched=values["tq"])
+        curve = system_model.BatchCurve.parse(curve_text, unbatched=values["tq"])
         if args.tq is None:
             values["tq"] = curve.tq(1)
     missing = [f"--{k}" for k in ("tq", "tp", "tc", "gamma") if values[k] is None]
@@ -114,17 +114,17 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     """Everything ``starsd plan`` prints, as plain data (raises ValueError on bad input)."""
     v = _resolve(args)
     tq, tp, tc, gamma, alpha, betas = v["tq"], v["tp"], v["tc"], v["gamma"], v["alpha"], v["betas"]
-    curve: model.BatchCurve | None = v["curve"]
-    n_star_plain = model.optimal_targets(tq, tp, tc)
-    n_star = model.batched_optimal_targets(curve, tp, tc) if curve else n_star_plain
+    curve: system_model.BatchCurve | None = v["curve"]
+    n_star_plain = system_model.optimal_targets(tq, tp, tc)
+    n_star = system_model.batched_optimal_targets(curve, tp, tc) if curve else n_star_plain
     if args.n:
         ns: list[int] = args.n
     else:
         if args.max_n is not None and args.max_n < 1:
             raise ValueError(f"--max-n must be >= 1, got {args.max_n}")
         ns = default_ns(n_star, args.max_n)
-    rows = model.plan(tq, tp, tc, gamma, alpha=alpha, betas=betas, ns=ns, batch_curve=curve)
-    tokens = model.expected_tokens_per_round(gamma, alpha, betas)
+    rows = system_model.plan(tq, tp, tc, gamma, alpha=alpha, betas=betas, ns=ns, batch_curve=curve)
+    tokens = system_model.expected_tokens_per_round(gamma, alpha, betas)
     report: dict[str, Any] = {
         "inputs": {
             "profile": v["profile"],
@@ -138,12 +138,12 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
         },
         "expected_accepted_length": tokens - 1.0,
         "expected_tokens_per_round": tokens,
-        "cycle_time": model.cycle_time(tq, tp, tc),
+        "cycle_time": system_model.cycle_time(tq, tp, tc),
         "optimal_targets": n_star,
         "optimal_targets_unbatched": n_star_plain,
-        "draft_capacity": model.batched_capacity(curve, gamma, alpha, betas)
+        "draft_capacity": system_model.batched_capacity(curve, gamma, alpha, betas)
         if curve
-        else model.draft_capacity(tq, gamma, alpha, betas),
+        else system_model.draft_capacity(tq, gamma, alpha, betas),
         "rows": [r.to_dict() for r in rows],
     }
     if curve:
@@ -153,7 +153,7 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
             "tq_best_batch": curve.tq(best),
             "per_request_time": curve.per_request_time(best),
             "gain": curve.batching_gain(),
-            "capacity_unbatched": model.draft_capacity(tq, gamma, alpha, betas),
+            "capacity_unbatched": system_model.draft_capacity(tq, gamma, alpha, betas),
         }
     return report
 

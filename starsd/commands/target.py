@@ -12,7 +12,7 @@ from pathlib import Path
 from starsd import defaults
 from starsd.commands._common import add_gamma_arg, add_placement_args, fail, gamma_error, placement_error
 
-log = logging.getLogger("starsd.target")
+log = logging.getLogger("starsd.target")  # the `starsd target` command's own log
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -112,7 +112,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from starsd.runners import ModelLoadError, load_checkpoint, set_threads
+    from starsd.checkpoints import ModelLoadError, load_checkpoint, set_threads
 
     if (problem := gamma_error(args.gamma)) is not None:
         return fail(problem)
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"--gpu-memory-fraction must be in (0, 1], got {args.gpu_memory_fraction}")
     if (problem := placement_error(args)) is not None:
         return fail(problem)
-    from starsd.target.chat import load_chat_template
+    from starsd.verifier.chat import load_chat_template
 
     try:
         args.chat_template_text = load_chat_template(args.chat_template)
@@ -145,16 +145,16 @@ async def _serve(args: argparse.Namespace, loaded: object) -> int:
     import grpc
     from aiohttp import web
 
-    from starsd.runners import LoadedModel
-    from starsd.target.draft_client import (
+    from starsd.checkpoints import LoadedModel
+    from starsd.verifier.draft_client import (
         DraftClient,
         DraftClientOptions,
         VocabularyMismatch,
         check_draft_info,
     )
-    from starsd.target.engine import BatchOptions, TargetEngine
-    from starsd.target.memory import kv_budget_tokens
-    from starsd.target.server import TargetApp, TargetServerOptions
+    from starsd.verifier.engine import BatchOptions, TargetEngine
+    from starsd.verifier.memory import kv_budget_tokens
+    from starsd.verifier.server import TargetApp, TargetServerOptions
 
     assert isinstance(loaded, LoadedModel)
     client = None

@@ -22,7 +22,7 @@ from starsd.draft.load import LoadTracker
 from starsd.draft.metrics import DraftMetrics
 from starsd.draft.proposers import ProposalRequest, Proposer, ProposerFailed
 from starsd.draft.sessions import Session, SessionError, SessionStore
-from starsd.drafting import GREEDY_BELOW, Proposal, SamplingParams
+from starsd.proposals import GREEDY_BELOW, Proposal, SamplingParams
 from starsd.proto import starsd_pb2 as pb
 
 log = logging.getLogger(__name__)

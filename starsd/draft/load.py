@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from starsd import model
+from starsd import system_model
 
 
 @dataclass(frozen=True)
@@ -119,10 +119,10 @@ class LoadTracker:
             reports = list(self._demand.values())
         utilization = min(1.0, busy / span) if span > 0 else 0.0
         if tq > 0 and targets > 0:
-            regime = str(model.regime(targets, tq, tp, tc))
-            recommended = model.optimal_targets(tq, tp, tc) if tp > 0 else 0
+            regime = str(system_model.regime(targets, tq, tp, tc))
+            recommended = system_model.optimal_targets(tq, tp, tc) if tp > 0 else 0
         else:
-            regime, recommended = str(model.Regime.UNDER_LOADED), 0
+            regime, recommended = str(system_model.Regime.UNDER_LOADED), 0
         return LoadSnapshot(
             utilization=round(utilization, 4),
             window_seconds=self.window,

@@ -24,8 +24,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from starsd.checkpoints import ModelLoadError, checkpoint_dir
 from starsd.draft.proposers import ProposalRequest, ProposerFailed, ProposerInfo
-from starsd.drafting import ModelLoadError, Proposal, checkpoint_dir
+from starsd.proposals import Proposal
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +143,10 @@ class ProcessProposer:
 def worker_main(conn: Connection, model: str, threads: int | None, device: str = "cpu", dtype: str = "float32") -> None:
     """The model process: load the checkpoint, then answer batches until told to stop or the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server shuts us down
+    from starsd.checkpoints import load_checkpoint, set_threads
     from starsd.draft.proposers import proposer_info
-    from starsd.runners import DraftRequest, DraftRunner, load_checkpoint, set_threads
+    from starsd.draft.runner import DraftRunner
+    from starsd.proposals import DraftRequest
 
     set_threads(threads)
     try:

@@ -6,11 +6,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from starsd.drafting import DraftRequest, Proposal
-from starsd.model import BatchCurve
+from starsd.proposals import DraftRequest, Proposal
+from starsd.system_model import BatchCurve
 
 if TYPE_CHECKING:
-    from starsd.runners import LoadedModel
+    from starsd.checkpoints import LoadedModel
 
 # One request's work, as the compute thread sees it (state: the proposer's per-session state).
 ProposalRequest = DraftRequest
@@ -52,7 +52,7 @@ class ModelProposer:
     """Proposals from a real draft checkpoint (one forward pass per token, per session)."""
 
     def __init__(self, loaded: LoadedModel) -> None:
-        from starsd.runners import DraftRunner  # torch: only where the model runs in this process
+        from starsd.draft.runner import DraftRunner  # torch: only where the model runs in this process
 
         self.runner = DraftRunner(loaded)
         self.info = proposer_info(loaded)

@@ -1,10 +1,10 @@
-"""The benchmark's arithmetic on hand-made records: windows, utilisation, idle gaps, latency, the model."""
+"""The benchmark's arithmetic on hand-made records: windows, utilisation, idle gaps, latency, the system_model."""
 
 from __future__ import annotations
 
 import pytest
 
-from starsd import model
+from starsd import system_model
 from starsd.bench.analysis import ModelInputs, PointMeasurement, idle_gaps, percentile, summarize
 from starsd.bench.emulated import Round, TargetRun
 
@@ -53,7 +53,7 @@ def test_an_ideal_under_loaded_run_matches_the_model_exactly() -> None:
     assert r.rounds_per_second == pytest.approx(n / c)
     assert r.throughput == pytest.approx(3 * n / c)
     assert r.round_ratio == pytest.approx(1.0)
-    assert r.ratio == pytest.approx(3 / model.expected_tokens_per_round(4, alpha=0.8))
+    assert r.ratio == pytest.approx(3 / system_model.expected_tokens_per_round(4, alpha=0.8))
     assert r.utilization == pytest.approx(n * TQ / c)
     assert r.utilization_targets_view == pytest.approx(n * TQ / c, abs=1e-9)
     assert r.model_utilization == pytest.approx(n * TQ / c)
@@ -93,15 +93,15 @@ def test_rounds_outside_the_window_do_not_count_and_errors_are_reported() -> Non
 
 
 def test_batched_model_inputs_use_the_curve_up_to_max_batch() -> None:
-    curve = model.BatchCurve.parse("1:0.004,4:0.005,8:0.006")
+    curve = system_model.BatchCurve.parse("1:0.004,4:0.005,8:0.006")
     batched = ModelInputs(tq=0.004, tp=0.030, tc=0.001, gamma=4, betas=(0.8,) * 4, max_batch=4, curve=curve)
     tp_, util, rt, regime = batched.point(64)
-    clipped = model.BatchCurve.parse("1:0.004,4:0.005")
-    assert tp_ == pytest.approx(model.batched_throughput(64, clipped, 0.030, 0.001, 4, alpha=0.8))
+    clipped = system_model.BatchCurve.parse("1:0.004,4:0.005")
+    assert tp_ == pytest.approx(system_model.batched_throughput(64, clipped, 0.030, 0.001, 4, alpha=0.8))
     assert regime == "FullyLoaded" and util == 1.0
     assert rt == pytest.approx(64 * 0.005 / 4)
     unbatched = ModelInputs(tq=0.004, tp=0.030, tc=0.001, gamma=4, betas=(0.8,) * 4, curve=curve)
-    assert unbatched.point(64)[0] == pytest.approx(model.throughput(64, 0.004, 0.030, 0.001, 4, alpha=0.8))
+    assert unbatched.point(64)[0] == pytest.approx(system_model.throughput(64, 0.004, 0.030, 0.001, 4, alpha=0.8))
 
 
 def test_the_model_fed_measured_times_explains_a_slower_run() -> None:
@@ -120,6 +120,6 @@ def test_the_model_fed_measured_times_explains_a_slower_run() -> None:
     assert r.round_ratio < 0.9
     apply_measured_model(r, INPUTS, transfer=TC + 0.001)
     assert r.model_measured_utilization == pytest.approx(2 * TQ / (TQ + r.verify_mean + 2 * (TC + 0.001)))
-    expected = model.throughput(2, TQ, r.verify_mean, TC + 0.001, 4, alpha=0.8)
+    expected = system_model.throughput(2, TQ, r.verify_mean, TC + 0.001, 4, alpha=0.8)
     assert r.model_measured_throughput == pytest.approx(expected)
     assert r.ratio_measured == pytest.approx(r.throughput / expected)

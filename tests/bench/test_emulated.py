@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from starsd import model
+from starsd import system_model
 from starsd.bench.emulated import (
     EmulatedTarget,
     EmulatedTargetRunner,
@@ -22,7 +22,7 @@ from starsd.bench.emulated import (
 from starsd.bench.harness import draft_info
 from starsd.proto import starsd_pb2 as pb
 from starsd.proto import starsd_pb2_grpc as pb_grpc
-from starsd.target.batching import StepRow
+from starsd.verifier.runner import StepRow
 from tests.stats import chi2_critical, chi2_statistic
 
 VOCAB = 1000
@@ -139,7 +139,7 @@ def test_acceptance_is_drawn_per_position_as_the_model_says() -> None:
     counts = [0] * 5
     for _ in range(20_000):
         counts[draws(4)] += 1
-    expected = model.accepted_length_distribution(4, betas=list(betas))
+    expected = system_model.accepted_length_distribution(4, betas=list(betas))
     stat, df = chi2_statistic(counts, expected)
     assert stat < chi2_critical(df)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from starsd import model
+from starsd import system_model
 from starsd.bench import profiles
 from starsd.bench.measure_gpu import main
 
@@ -41,7 +41,7 @@ def test_tiny_cpu_run_writes_a_loadable_measured_profile(tmp_path: Path, capsys:
     curve = p.curve()
     assert curve is not None and [b for b, _ in curve.points] == [1, 2, 4]
     assert p.tq == curve.tq(1) and p.tp > 0 and p.tp1 > 0
-    assert model.optimal_targets(p.tq, p.tp, p.tc) >= 1
+    assert system_model.optimal_targets(p.tq, p.tp, p.tc) >= 1
     assert "Tq(B)" in capsys.readouterr().out
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from starsd import model
+from starsd import system_model
 from starsd.bench import profiles
 
 
@@ -16,7 +16,7 @@ def _alpha_for(tokens_per_round: float, gamma: int) -> float:
     lo, hi = 0.0, 1.0
     for _ in range(100):
         mid = (lo + hi) / 2
-        if model.expected_tokens_per_round(gamma, alpha=mid) < tokens_per_round:
+        if system_model.expected_tokens_per_round(gamma, alpha=mid) < tokens_per_round:
             lo = mid
         else:
             hi = mid
@@ -29,7 +29,7 @@ def test_every_shipped_profile_is_valid_and_cites_its_source() -> None:
     for p in profiles.PROFILES:
         assert p.kind in ("measured", "derived")
         assert len(p.source) > 40 and len(p.derivation) > 40
-        assert model.optimal_targets(p.tq, p.tp, p.tc) >= 1
+        assert system_model.optimal_targets(p.tq, p.tp, p.tc) >= 1
         text = profiles.describe(p)
         assert p.name in text and "source:" in text
 
@@ -54,7 +54,7 @@ def test_derived_h100_profile_is_memory_bound_so_batching_is_nearly_free() -> No
     assert curve is not None
     assert curve.tq(8) < 1.2 * curve.tq(1)  # 8 requests for < 20% more time
     assert curve.batching_gain() > 10
-    assert model.batched_optimal_targets(curve, p.tp, p.tc) > 10 * model.optimal_targets(p.tq, p.tp, p.tc)
+    assert system_model.batched_optimal_targets(curve, p.tp, p.tc) > 10 * system_model.optimal_targets(p.tq, p.tp, p.tc)
     # The same rule on an A100 lands within 5% of gpt-fast's measured 70B on 4 GPUs (38.01 tok/s).
     a100 = profiles.memory_bound_step(70.6e9 * 2 / 4, 0.0, 2039e9 * profiles.ACHIEVED_BANDWIDTH_FRACTION, 1)
     assert a100 == pytest.approx(1 / 38.01, rel=0.05)
@@ -85,7 +85,7 @@ def test_user_profile_json_loads_with_defaults(tmp_path: Path) -> None:
     )
     p = profiles.load_profile_json(path)
     assert (p.kind, p.tp1) == ("user", 0.02)
-    assert p.curve() == model.BatchCurve(((1, 0.004), (8, 0.005)))
+    assert p.curve() == system_model.BatchCurve(((1, 0.004), (8, 0.005)))
     assert profiles.profile_from_dict(p.to_dict()) == p
 
 
@@ -131,7 +131,7 @@ def test_every_n_star_a_description_states_is_the_models() -> None:
     ``N* is K`` in a source or derivation text would be a second, disagreeing copy."""
     for p in profiles.PROFILES:
         text = profiles.describe(p)
-        expected = model.optimal_targets(p.tq, p.tp, p.tc)
+        expected = system_model.optimal_targets(p.tq, p.tp, p.tc)
         header = text.splitlines()[2]
         found = re.search(r"N\*=(\d+)", header)
         assert found is not None and found[1] == str(expected), p.name

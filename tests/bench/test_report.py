@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from starsd.bench.beyond import CapacityPoint, CapacityReport, summarise_capacity
+from starsd.bench.capacity import CapacityPoint, CapacityReport, summarise_capacity
 from starsd.bench.protocol import ProtocolReport, ProtocolResult
 from starsd.bench.report import Column, Machine, table, to_json, write_json
 from starsd.bench.serve import Percentiles, RequestRecord, ServeConfig, summarize

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from starsd import system_model
 from starsd.bench import profiles
 from starsd.bench.star import StarConfig
 from starsd.cli import main
@@ -117,7 +118,6 @@ def test_overriding_the_service_time_drops_a_curve_that_belonged_to_the_old_one(
 
 
 def profiles_n_star(name: str) -> int:
-    from starsd import model
 
     p = profiles.get(name)
-    return model.optimal_targets(p.tq, p.tp, p.tc)
+    return system_model.optimal_targets(p.tq, p.tp, p.tc)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry
 
 from starsd.draft.metrics import DraftMetrics
-from starsd.target.metrics import TargetMetrics
+from starsd.verifier.metrics import TargetMetrics
 
 from .conftest import CHART, Rendered
 

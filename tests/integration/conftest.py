@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from starsd.checkpoints import LoadedModel, load_checkpoint
 from starsd.local import LocalStar
-from starsd.runners import LoadedModel, load_checkpoint
 from tests.support.reference import autoregressive_reference
 
 

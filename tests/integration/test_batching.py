@@ -16,8 +16,8 @@ import aiohttp
 import pytest
 import torch
 
+from starsd.checkpoints import load_checkpoint
 from starsd.local import LocalStar, http_json
-from starsd.runners import load_checkpoint
 from tests.integration.conftest import PROMPTS, Reference, start_star
 from tests.integration.test_request_lifecycle import metric
 

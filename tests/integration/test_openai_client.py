@@ -14,7 +14,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from starsd.local import LocalStar, http_json
-from starsd.target.processing import LogitRules, apply_rules
+from starsd.verifier.processing import LogitRules, apply_rules
 from tests.integration.conftest import Reference
 
 PROMPT = "class Parser:\n    def parse(self, text):\n"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from starsd.checkpoints import load_checkpoint
 from starsd.local import LocalStar, http_json
-from starsd.runners import load_checkpoint
 from starsd.tiny import write_random_pair
 from tests.integration.conftest import start_star
 from tests.stats import chi2_statistic, fits

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from starsd_operator import rebalancer as rb
 from starsd_operator.rebalancer import Change, Decision, Direction, Load, Policy, RatePolicy, Sample
 
-from starsd import model
+from starsd import system_model
 
 POLICY = Policy(
     enabled=True,
@@ -449,7 +449,7 @@ def test_n_star_falls_back_to_the_system_model() -> None:
         "recommended_targets": 0,
         "targets": 1,
     }
-    assert Load.from_json(data).optimal_targets() == model.optimal_targets(0.004, 0.02, 0.001) == 7
+    assert Load.from_json(data).optimal_targets() == system_model.optimal_targets(0.004, 0.02, 0.001) == 7
     assert Load.from_json({**data, "recommended_targets": 9}).optimal_targets() == 9
     assert Load.from_json({**data, "tq_seconds": 0, "recommended_targets": 0}).optimal_targets() is None
     assert Load.from_json({**data, "targets": 0}).empty

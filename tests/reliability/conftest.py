@@ -22,8 +22,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from starsd import procfs
+from starsd.checkpoints import load_checkpoint
 from starsd.local import LocalStar, Proc, default_models_dir, free_port, http_json
-from starsd.runners import load_checkpoint
 from tests.integration.conftest import PROMPTS, Reference
 from tests.support.faults import ThreadedFaultProxy
 

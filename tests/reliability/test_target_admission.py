@@ -19,10 +19,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from starsd.devices import resolve
 from starsd.sampling import SamplingParams
-from starsd.target.engine import GenerationStats, StopCheck
-from starsd.target.metrics import TargetMetrics
-from starsd.target.scheduler import KvBudget
-from starsd.target.server import TargetApp, TargetServerOptions
+from starsd.verifier.engine import GenerationStats, StopCheck
+from starsd.verifier.metrics import TargetMetrics
+from starsd.verifier.scheduler import KvBudget
+from starsd.verifier.server import TargetApp, TargetServerOptions
 
 
 class RecordingTokenizer:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from starsd.runners import LoadedModel
+from starsd.checkpoints import LoadedModel
 
 
 def autoregressive_reference(loaded: LoadedModel, prompt: list[int], max_new_tokens: int) -> list[int]:

@@ -92,7 +92,7 @@ def apply_rules(
 def round_processor(
     rules: LogitRules, prompt: list[int], generated: list[int], drafts: list[int]
 ) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """The :attr:`starsd.target.batching.StepRow.process` of one round (None when the rules change nothing)."""
+    """The :attr:`starsd.verifier.runner.StepRow.process` of one round (None when the rules change nothing)."""
     if not rules.active:
         return None
     before, proposed = list(generated), list(drafts)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from starsd.runners import LoadedModel
+from starsd.checkpoints import LoadedModel
 from starsd.sampling import SamplingParams, dense_from_sparse, probs_batch, step_draws, verify_batch
 
 # Rows whose feed is at most this many times the narrowest row's (and at most NARROW_EXTRA wider) share a pass.
@@ -56,7 +56,7 @@ class StepRow:
     q_probs: list[list[float]] = field(default_factory=list)
     prefill: int = 0  # prefill only: feed this many uncached committed tokens, verify nothing
     # The request's changes to the target's logits at the verified positions ``[gamma + 1, V] -> [gamma + 1, V]``
-    # (top-k, min_tokens, penalties: see starsd.target.processing); verification then uses the changed ones.
+    # (top-k, min_tokens, penalties: see starsd.verifier.processing); verification then uses the changed ones.
     process: Callable[[torch.Tensor], torch.Tensor] | None = None
     logprobs: int | None = None  # report the emitted tokens' log-probabilities and this many top alternatives
 
@@ -127,7 +127,7 @@ class TargetRunner:
     def __init__(self, loaded: LoadedModel, kv_tokens: int | None = None) -> None:
         """``kv_tokens``: the most key/value tokens (slots x capacity) the pool may hold; None: no bound."""
         from starsd import kvcache  # imports transformers: only once a model is in use
-        from starsd.target.memory import kv_geometry
+        from starsd.verifier.memory import kv_geometry
 
         self.loaded = loaded
         self.device = loaded.device

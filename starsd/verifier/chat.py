@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from starsd.target.api import (
+from starsd.verifier.api import (
     COMMON_FIELDS,
     HARMLESS_FIELDS,
     GenerationRequest,

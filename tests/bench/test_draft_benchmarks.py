@@ -1,5 +1,5 @@
-"""The pure parts of issue 9's benchmarks (Jain's index, windows, result shaping) and one short fairness run
-end to end (plumbing and JSON shape only: no figure is asserted)."""
+"""The pure parts of the capacity, fairness and gamma benchmarks (Jain's index, windows, result shaping) and
+one short fairness run end to end (plumbing and JSON shape only: no figure is asserted)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from starsd.bench.beyond import (
-    GammaPoint,
-    GammaReport,
-    fairness_point,
-    jain_index,
-    per_target_throughput,
-    skewed_targets,
-    summarise_gamma,
-)
 from starsd.bench.emulated import Round, TargetRun
+from starsd.bench.fairness import fairness_point, jain_index, per_target_throughput, skewed_targets
+from starsd.bench.gamma import GammaPoint, GammaReport, summarise_gamma
 from starsd.bench.harness import draft_source, parse_metrics, window_counts
 from starsd.bench.report import Machine
 from starsd.cli import main
@@ -113,7 +106,7 @@ def test_fairness_end_to_end_writes_json(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_summarise_capacity_takes_medians_over_the_interleaved_passes() -> None:
-    from starsd.bench.beyond import CapacityPoint, summarise_capacity
+    from starsd.bench.capacity import CapacityPoint, summarise_capacity
 
     def point(batch: int, rps: float, repeat: int, speedup: float) -> CapacityPoint:
         return CapacityPoint(batch, 32, 4, 0, 8.0, rps, 0.0, 0.0, speedup=speedup, repeat=repeat)

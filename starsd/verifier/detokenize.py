@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from starsd.target.api import stream_safe_length
+from starsd.verifier.api import stream_safe_length
 
 # Tokens of context a window keeps before the ones not yet turned into text (enough for merges across tokens).
 WINDOW = 6

@@ -20,8 +20,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from starsd import __version__, defaults
 from starsd.sampling import SamplingParams
-from starsd.target import drain
-from starsd.target.api import (
+from starsd.verifier import drain
+from starsd.verifier.api import (
     CompletionRequest,
     GenerationRequest,
     Limits,
@@ -31,10 +31,10 @@ from starsd.target.api import (
     check_model,
     parse_completion,
 )
-from starsd.target.chat import parse_chat, render_chat
-from starsd.target.detokenize import StopWatch
-from starsd.target.engine import GenerationStats, RequestControls, TargetEngine, choice_seed
-from starsd.target.responses import Kind, chat_logprobs, choice, completion_logprobs, envelope, usage
+from starsd.verifier.chat import parse_chat, render_chat
+from starsd.verifier.detokenize import StopWatch
+from starsd.verifier.engine import GenerationStats, RequestControls, TargetEngine, choice_seed
+from starsd.verifier.responses import Kind, chat_logprobs, choice, completion_logprobs, envelope, usage
 
 log = logging.getLogger(__name__)
 

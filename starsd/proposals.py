@@ -1,32 +1,13 @@
 """What a draft is asked and what it answers, free of torch: the draft's server process imports only this.
 
-The model itself (``starsd.runners``) runs in the draft's model process; the server that speaks gRPC, keeps
-sessions and schedules requests needs these few types and nothing heavier.
+The model itself (:mod:`starsd.draft.runner`) runs in the draft's model process; the server that speaks gRPC,
+keeps sessions and schedules requests needs these few types and nothing heavier.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-
-class ModelLoadError(RuntimeError):
-    """A checkpoint could not be loaded; the message says what to fix."""
-
-
-def checkpoint_dir(path: str | Path) -> Path:
-    """The checkpoint directory, or a clear :class:`ModelLoadError` if it is not one (checked without torch)."""
-    root = Path(path)
-    if not root.is_dir():
-        raise ModelLoadError(f"model path {str(root)!r} does not exist or is not a directory")
-    if not (root / "config.json").is_file():
-        raise ModelLoadError(
-            f"model path {str(root)!r} is not a Hugging Face checkpoint: it has no config.json "
-            f"(contents: {sorted(p.name for p in root.iterdir())[:10]})"
-        )
-    return root
-
 
 # Temperatures below this decode greedily (argmax), as vLLM does: dividing logits by a tinier temperature
 # overflows to inf/NaN, and the distribution is one-hot at the argmax to machine precision long before that.

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from starsd.target.batching import TokenLogprobs
+from starsd.verifier.runner import TokenLogprobs
 
 Kind = Literal["text", "chat"]
 TokenText = Callable[[int], str]  # the text of one token id, as logprobs show it

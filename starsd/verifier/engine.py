@@ -16,20 +16,20 @@ from dataclasses import dataclass, field
 import torch
 
 from starsd import defaults
-from starsd.runners import LoadedModel
+from starsd.checkpoints import LoadedModel
 from starsd.sampling import SamplingParams, target_generator
 from starsd.seeding import request_seed
-from starsd.target.batching import RowOutcome, StepRow, TargetRunner, TargetSession, TokenLogprobs
-from starsd.target.draft_client import Demand, DraftClient, DraftLink, DraftProposal
-from starsd.target.memory import DEFAULT_GPU_MEMORY_FRACTION, kv_budget_tokens
-from starsd.target.metrics import TargetMetrics
-from starsd.target.processing import LogitRules, round_processor
-from starsd.target.scheduler import KvBudget, StepScheduler
+from starsd.verifier.draft_client import Demand, DraftClient, DraftLink, DraftProposal
+from starsd.verifier.memory import DEFAULT_GPU_MEMORY_FRACTION, kv_budget_tokens
+from starsd.verifier.metrics import TargetMetrics
+from starsd.verifier.processing import LogitRules, round_processor
+from starsd.verifier.runner import RowOutcome, StepRow, TargetRunner, TargetSession, TokenLogprobs
+from starsd.verifier.scheduler import KvBudget, StepScheduler
 
 
 @dataclass(frozen=True)
 class BatchOptions:
-    """How much one target runs at once (see starsd.target.scheduler)."""
+    """How much one target runs at once (see starsd.verifier.scheduler)."""
 
     max_num_seqs: int = defaults.MAX_NUM_SEQS  # sessions in one step, and completions running at once
     kv_cache_tokens: int | None = None  # key/value tokens reserved at most; None: see kv_budget_tokens
@@ -188,7 +188,7 @@ class TargetEngine:
         """Yield the tokens committed by each round (EOS excluded) until ``max_tokens``, EOS or a stop sequence
         (with ``ignore_eos``, EOS is a token like any other; ``controls`` adds vLLM's extras and logprobs).
 
-        Raises :class:`starsd.target.scheduler.BudgetExceeded` before anything runs if the completion can never
+        Raises :class:`starsd.verifier.scheduler.BudgetExceeded` before anything runs if the completion can never
         fit this target's key/value budget.
         """
         reserved = self.reservation(len(prompt), max_tokens)

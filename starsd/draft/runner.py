@@ -1,114 +1,25 @@
-"""Model runners: load a local Hugging Face checkpoint, keep per-session KV caches, draft and verify.
+"""The draft's model runner: per-session key/value caches, and proposals drawn one token at a time.
 
-Both sides keep the same cache invariant, which makes rollback a crop: a session's cache holds the keys and
-values of a prefix of its tokens, and the next forward pass feeds exactly the tokens after that prefix.
-
-* Draft (:class:`DraftRunner`): a request brings the tokens the target committed since the last request. The
-  draft keeps the longest prefix of its cache that agrees with the committed text (its accepted proposals),
-  crops the rest (the rejected ones), feeds the new tokens, then proposes ``gamma`` tokens one by one.
-* Target (:class:`starsd.target.batching.TargetRunner`): one forward pass per step over every ready
-  session's ``[uncached committed tokens, d_1..d_gamma]`` scores every draft at once; after the verdict each
-  cache is cropped to its committed tokens minus the last, whose logits the next round needs.
+A session's cache holds the keys and values of a prefix of its tokens, and the next forward pass feeds exactly
+the tokens after that prefix, so rollback is a crop. A request brings the tokens the target committed since the
+last request: the runner keeps the longest prefix of its cache that agrees with the committed text (its
+accepted proposals), crops the rest (the rejected ones), feeds the new tokens, then proposes ``gamma`` tokens one
+by one, for many sessions at once in :meth:`DraftRunner.propose_batch`. (The target's counterpart is
+:class:`starsd.verifier.runner.TargetRunner`.)
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from starsd.devices import Placement, resolve
-from starsd.drafting import DraftRequest as DraftRequest  # torch-free types, re-exported for the runners' users
-from starsd.drafting import ModelLoadError as ModelLoadError
-from starsd.drafting import Proposal as Proposal
-from starsd.drafting import checkpoint_dir
+from starsd.checkpoints import LoadedModel
+from starsd.proposals import DraftRequest, Proposal
 from starsd.sampling import SamplingParams, draft_generator, draw_proposal
 from starsd.seeding import request_seed
-from starsd.vocab import vocab_fingerprint
-
-log = logging.getLogger(__name__)
-
-
-@dataclass
-class LoadedModel:
-    """A causal LM and its tokenizer, loaded for inference."""
-
-    model: Any  # transformers.PreTrainedModel
-    tokenizer: Any  # transformers.PreTrainedTokenizerBase
-    name: str
-    vocab_size: int  # rows of the output layer
-    fingerprint: str  # digest of the tokenizer's vocabulary
-    max_context: int
-    eos_token_id: int | None
-    placement: Placement = field(default_factory=lambda: resolve("cpu", "float32"))
-
-    @property
-    def device(self) -> torch.device:
-        return torch.device(self.placement.device)
-
-
-def set_threads(threads: int | None) -> None:
-    """Bound torch's intra-op threads (several servers often share one machine)."""
-    if threads is None:
-        threads = int(os.environ.get("STARSD_TORCH_THREADS", "1"))
-    torch.set_num_threads(max(1, threads))
-
-
-def load_checkpoint(path: str | Path, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
-    """Load a causal LM checkpoint from a local directory, offline (nothing is fetched from a hub), onto
-    ``device`` in ``dtype`` (see :mod:`starsd.devices`; ``auto``: CUDA + bf16 when a GPU is visible)."""
-    root = checkpoint_dir(path)
-    try:
-        placement = resolve(device, dtype)
-    except ValueError as exc:
-        raise ModelLoadError(str(exc)) from None
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # transformers 5 draws a bar per load: noise in a server's log
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(root, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(root, local_files_only=True, dtype=placement.dtype)
-        model.to(placement.device)
-    except Exception as exc:  # transformers raises many types; the path and cause are what matter
-        raise ModelLoadError(f"cannot load the checkpoint at {str(root)!r}: {exc}") from exc
-    model.eval()
-    config = model.config
-    max_context = int(getattr(config, "max_position_embeddings", 0) or 2048)
-    vocab_size = int(model.get_output_embeddings().weight.shape[0])
-    if len(tokenizer) > vocab_size:
-        raise ModelLoadError(
-            f"checkpoint {str(root)!r}: the tokenizer has {len(tokenizer)} tokens but the model only {vocab_size}"
-        )
-    return LoadedModel(
-        model=model,
-        tokenizer=tokenizer,
-        name=root.resolve().name,
-        vocab_size=vocab_size,
-        fingerprint=vocab_fingerprint(tokenizer),
-        max_context=max_context,
-        eos_token_id=tokenizer.eos_token_id,
-        placement=placement,
-    )
-
-
-def check_same_vocabulary(draft: LoadedModel, target: LoadedModel) -> None:
-    """Refuse a draft/target pair that does not share one tokenizer."""
-    if draft.fingerprint != target.fingerprint or draft.vocab_size != target.vocab_size:
-        raise ModelLoadError(
-            "the draft and target models do not share a vocabulary "
-            f"(draft {draft.name!r}: {draft.vocab_size} ids, fingerprint {draft.fingerprint}; "
-            f"target {target.name!r}: {target.vocab_size} ids, fingerprint {target.fingerprint}); "
-            "speculative decoding needs the same tokenizer on both sides"
-        )
 
 
 def new_cache() -> Any:
@@ -124,7 +35,8 @@ def _forward(model: Any, tokens: list[int], cache: Any) -> torch.Tensor:
 
     input_ids = torch.tensor([tokens], dtype=torch.long, device=model.device)  # [1, T]
     out = model(input_ids=input_ids, use_cache=True, **kvcache.with_cache(cache))
-    return out.logits[0]  # [T, V]
+    logits: torch.Tensor = out.logits[0]  # [T, V]
+    return logits
 
 
 def _attention_4d(keys: torch.Tensor, queries: int) -> torch.Tensor:

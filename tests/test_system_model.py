@@ -1,4 +1,4 @@
-"""The system model (starsd.model) against its closed forms, a Monte Carlo of rounds and a discrete-event
+"""The system model (starsd.system_model) against its closed forms, a Monte Carlo of rounds and a discrete-event
 simulation of N targets sharing one FIFO draft."""
 
 from __future__ import annotations
@@ -13,36 +13,36 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from starsd import model
-from starsd.model import BatchCurve, Regime
+from starsd import system_model
+from starsd.system_model import BatchCurve, Regime
 
 # --- acceptance -----------------------------------------------------------------------------------
 
 
 def test_constant_alpha_matches_the_closed_form_by_hand() -> None:
     # (1 - 0.8^5) / (1 - 0.8) = 3.3616 tokens per round, 2.3616 of them accepted drafts.
-    assert model.expected_tokens_per_round(4, alpha=0.8) == pytest.approx(3.3616)
-    assert model.expected_accepted_length(4, alpha=0.8) == pytest.approx(2.3616)
+    assert system_model.expected_tokens_per_round(4, alpha=0.8) == pytest.approx(3.3616)
+    assert system_model.expected_accepted_length(4, alpha=0.8) == pytest.approx(2.3616)
 
 
 def test_acceptance_edge_cases() -> None:
-    assert model.expected_accepted_length(5, alpha=0.0) == 0.0
-    assert model.expected_accepted_length(5, alpha=1.0) == 5.0
-    assert model.expected_tokens_per_round(1, alpha=0.5) == pytest.approx(1.5)
+    assert system_model.expected_accepted_length(5, alpha=0.0) == 0.0
+    assert system_model.expected_accepted_length(5, alpha=1.0) == 5.0
+    assert system_model.expected_tokens_per_round(1, alpha=0.5) == pytest.approx(1.5)
 
 
 def test_tail_sum_with_per_position_acceptance() -> None:
     # P(l>=1)=0.9, P(l>=2)=0.9*0.5, P(l>=3)=0.45*0.2: E[l] = 0.9 + 0.45 + 0.09.
-    assert model.expected_accepted_length(3, betas=[0.9, 0.5, 0.2]) == pytest.approx(1.44)
+    assert system_model.expected_accepted_length(3, betas=[0.9, 0.5, 0.2]) == pytest.approx(1.44)
     # A zero stops the chain: nothing after it counts.
-    assert model.expected_accepted_length(3, betas=[1.0, 0.0, 1.0]) == pytest.approx(1.0)
+    assert system_model.expected_accepted_length(3, betas=[1.0, 0.0, 1.0]) == pytest.approx(1.0)
 
 
 @settings(deadline=None)
 @given(gamma=st.integers(1, 16), alpha=st.floats(0.0, 1.0))
 def test_tail_sum_of_constant_betas_equals_the_closed_form(gamma: int, alpha: float) -> None:
-    closed = model.expected_accepted_length(gamma, alpha=alpha)
-    tail_sum = model.expected_accepted_length(gamma, betas=[alpha] * gamma)
+    closed = system_model.expected_accepted_length(gamma, alpha=alpha)
+    tail_sum = system_model.expected_accepted_length(gamma, betas=[alpha] * gamma)
     assert closed == pytest.approx(tail_sum, rel=1e-9, abs=1e-9)
     assert 0.0 <= closed <= gamma
 
@@ -51,12 +51,12 @@ def test_tail_sum_of_constant_betas_equals_the_closed_form(gamma: int, alpha: fl
 @given(betas=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=12))
 def test_length_distribution_is_a_distribution_whose_mean_is_the_tail_sum(betas: list[float]) -> None:
     gamma = len(betas)
-    dist = model.accepted_length_distribution(gamma, betas=betas)
+    dist = system_model.accepted_length_distribution(gamma, betas=betas)
     assert len(dist) == gamma + 1
     assert all(p >= -1e-12 for p in dist)
     assert math.fsum(dist) == pytest.approx(1.0)
     mean = math.fsum(k * p for k, p in enumerate(dist))
-    assert mean == pytest.approx(model.expected_accepted_length(gamma, betas=betas), abs=1e-9)
+    assert mean == pytest.approx(system_model.expected_accepted_length(gamma, betas=betas), abs=1e-9)
 
 
 def _simulate_accepted_lengths(betas: list[float], rounds: int, seed: int) -> np.ndarray:
@@ -75,12 +75,12 @@ def test_monte_carlo_rounds_agree_with_the_model(betas: list[float]) -> None:
     rounds = 200_000
     lengths = _simulate_accepted_lengths(betas, rounds, seed=len(betas))
     gamma = len(betas)
-    expected = model.expected_accepted_length(gamma, betas=betas)
+    expected = system_model.expected_accepted_length(gamma, betas=betas)
     stderr = lengths.std() / math.sqrt(rounds)
     assert abs(lengths.mean() - expected) < 5 * stderr + 1e-9
     # The whole distribution, not just its mean.
     observed = np.bincount(lengths, minlength=gamma + 1) / rounds
-    dist = model.accepted_length_distribution(gamma, betas=betas)
+    dist = system_model.accepted_length_distribution(gamma, betas=betas)
     for k in range(gamma + 1):
         assert abs(observed[k] - dist[k]) < 5 * math.sqrt(dist[k] * (1 - dist[k]) / rounds) + 1e-9
 
@@ -101,7 +101,7 @@ def test_monte_carlo_rounds_agree_with_the_model(betas: list[float]) -> None:
 )
 def test_bad_acceptance_arguments_raise_clear_errors(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        model.expected_accepted_length(**kwargs)  # type: ignore[arg-type]
+        system_model.expected_accepted_length(**kwargs)  # type: ignore[arg-type]
 
 
 # --- times, utilisation, regime, N* ---------------------------------------------------------------
@@ -110,35 +110,35 @@ TQ, TP, TC = 0.004, 0.020, 0.001  # C = 0.026, N* = ceil(1 + 0.022/0.004) = ceil
 
 
 def test_cycle_utilization_and_regime_by_hand() -> None:
-    assert model.cycle_time(TQ, TP, TC) == pytest.approx(0.026)
-    assert model.utilization(1, TQ, TP, TC) == pytest.approx(0.004 / 0.026)
-    assert model.utilization(6, TQ, TP, TC) == pytest.approx(0.024 / 0.026)
-    assert model.utilization(7, TQ, TP, TC) == 1.0
-    assert model.regime(6, TQ, TP, TC) == "UnderLoaded"
-    assert model.regime(7, TQ, TP, TC) == "FullyLoaded"
-    assert model.regime(7, TQ, TP, TC) is Regime.FULLY_LOADED
-    assert model.optimal_targets(TQ, TP, TC) == 7
+    assert system_model.cycle_time(TQ, TP, TC) == pytest.approx(0.026)
+    assert system_model.utilization(1, TQ, TP, TC) == pytest.approx(0.004 / 0.026)
+    assert system_model.utilization(6, TQ, TP, TC) == pytest.approx(0.024 / 0.026)
+    assert system_model.utilization(7, TQ, TP, TC) == 1.0
+    assert system_model.regime(6, TQ, TP, TC) == "UnderLoaded"
+    assert system_model.regime(7, TQ, TP, TC) == "FullyLoaded"
+    assert system_model.regime(7, TQ, TP, TC) is Regime.FULLY_LOADED
+    assert system_model.optimal_targets(TQ, TP, TC) == 7
 
 
 def test_throughput_grows_linearly_then_caps_at_the_draft_capacity() -> None:
-    tokens = model.expected_tokens_per_round(4, alpha=0.8)
-    assert model.throughput(1, TQ, TP, TC, 4, alpha=0.8) == pytest.approx(tokens / 0.026)
-    assert model.throughput(6, TQ, TP, TC, 4, alpha=0.8) == pytest.approx(6 * tokens / 0.026)
-    cap = model.draft_capacity(TQ, 4, alpha=0.8)
+    tokens = system_model.expected_tokens_per_round(4, alpha=0.8)
+    assert system_model.throughput(1, TQ, TP, TC, 4, alpha=0.8) == pytest.approx(tokens / 0.026)
+    assert system_model.throughput(6, TQ, TP, TC, 4, alpha=0.8) == pytest.approx(6 * tokens / 0.026)
+    cap = system_model.draft_capacity(TQ, 4, alpha=0.8)
     assert cap == pytest.approx(tokens / TQ)
     for n in (7, 8, 32):
-        assert model.throughput(n, TQ, TP, TC, 4, alpha=0.8) == pytest.approx(cap)
+        assert system_model.throughput(n, TQ, TP, TC, 4, alpha=0.8) == pytest.approx(cap)
     # Past N* each target waits longer per token.
-    assert model.per_target_latency(32, TQ, TP, TC, 4, alpha=0.8) == pytest.approx(32 * TQ / tokens)
-    assert model.per_target_latency(3, TQ, TP, TC, 4, alpha=0.8) == pytest.approx(0.026 / tokens)
+    assert system_model.per_target_latency(32, TQ, TP, TC, 4, alpha=0.8) == pytest.approx(32 * TQ / tokens)
+    assert system_model.per_target_latency(3, TQ, TP, TC, 4, alpha=0.8) == pytest.approx(0.026 / tokens)
 
 
 def test_optimal_targets_is_exact_at_an_integer_boundary() -> None:
     # 1 + (0.2 + 0.1)/0.1 is 4 exactly; floating point must not push it to 5.
-    assert model.optimal_targets(0.1, 0.2, 0.05) == 4
-    assert model.regime(4, 0.1, 0.2, 0.05) == "FullyLoaded"
-    assert model.regime(3, 0.1, 0.2, 0.05) == "UnderLoaded"
-    assert model.optimal_targets(0.01, 0.0, 0.0) == 1
+    assert system_model.optimal_targets(0.1, 0.2, 0.05) == 4
+    assert system_model.regime(4, 0.1, 0.2, 0.05) == "FullyLoaded"
+    assert system_model.regime(3, 0.1, 0.2, 0.05) == "UnderLoaded"
+    assert system_model.optimal_targets(0.01, 0.0, 0.0) == 1
 
 
 times = st.floats(1e-4, 1.0)
@@ -149,32 +149,32 @@ times = st.floats(1e-4, 1.0)
 def test_n_star_is_the_fewest_targets_that_keep_the_draft_busy(
     tq: float, tp: float, tc: float, gamma: int, alpha: float
 ) -> None:
-    n_star = model.optimal_targets(tq, tp, tc)
+    n_star = system_model.optimal_targets(tq, tp, tc)
     assert n_star >= 1
-    assert model.regime(n_star, tq, tp, tc) == "FullyLoaded"
-    assert model.utilization(n_star, tq, tp, tc) == 1.0
+    assert system_model.regime(n_star, tq, tp, tc) == "FullyLoaded"
+    assert system_model.utilization(n_star, tq, tp, tc) == 1.0
     if n_star > 1:
-        assert model.regime(n_star - 1, tq, tp, tc) == "UnderLoaded"
-        assert model.utilization(n_star - 1, tq, tp, tc) < 1.0
+        assert system_model.regime(n_star - 1, tq, tp, tc) == "UnderLoaded"
+        assert system_model.utilization(n_star - 1, tq, tp, tc) < 1.0
     # Throughput never falls with N and is flat from N* on.
     prev = 0.0
     for n in range(1, n_star + 3):
-        o = model.throughput(n, tq, tp, tc, gamma, alpha=alpha)
+        o = system_model.throughput(n, tq, tp, tc, gamma, alpha=alpha)
         assert o >= prev * (1 - 1e-12)
         prev = o
-    assert prev == pytest.approx(model.draft_capacity(tq, gamma, alpha=alpha))
+    assert prev == pytest.approx(system_model.draft_capacity(tq, gamma, alpha=alpha))
 
 
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: model.cycle_time(0.0, 0.01, 0.001), "tq"),
-        (lambda: model.cycle_time(0.004, -0.01, 0.001), "tp"),
-        (lambda: model.cycle_time(0.004, 0.01, float("inf")), "tc"),
-        (lambda: model.cycle_time("0.004", 0.01, 0.001), "tq"),  # type: ignore[arg-type]
-        (lambda: model.utilization(0, 0.004, 0.01, 0.001), "n"),
-        (lambda: model.throughput(2, 0.004, 0.01, 0.001, gamma=4), "exactly one"),
-        (lambda: model.regime(1.5, 0.004, 0.01, 0.001), "n"),  # type: ignore[arg-type]
+        (lambda: system_model.cycle_time(0.0, 0.01, 0.001), "tq"),
+        (lambda: system_model.cycle_time(0.004, -0.01, 0.001), "tp"),
+        (lambda: system_model.cycle_time(0.004, 0.01, float("inf")), "tc"),
+        (lambda: system_model.cycle_time("0.004", 0.01, 0.001), "tq"),  # type: ignore[arg-type]
+        (lambda: system_model.utilization(0, 0.004, 0.01, 0.001), "n"),
+        (lambda: system_model.throughput(2, 0.004, 0.01, 0.001, gamma=4), "exactly one"),
+        (lambda: system_model.regime(1.5, 0.004, 0.01, 0.001), "n"),  # type: ignore[arg-type]
     ],
 )
 def test_bad_time_arguments_raise_clear_errors(call: object, message: str) -> None:
@@ -252,21 +252,21 @@ def test_simulated_star_matches_throughput_utilization_and_round_time(tq: float,
     betas = [0.9, 0.8, 0.7, 0.6]
     # ~4000 measured rounds in all: the token count's standard error is ~0.7% of the mean.
     sim = simulate_star(n, tq, tp, tc, betas, rounds_per_target=max(400, 8000 // n), seed=n)
-    predicted = model.throughput(n, tq, tp, tc, 4, betas=betas)
+    predicted = system_model.throughput(n, tq, tp, tc, 4, betas=betas)
     assert sim.throughput == pytest.approx(predicted, rel=0.03)
-    assert sim.utilization == pytest.approx(model.utilization(n, tq, tp, tc), abs=0.01)
-    assert sim.mean_round == pytest.approx(model.round_time(n, tq, tp, tc), rel=1e-6)
+    assert sim.utilization == pytest.approx(system_model.utilization(n, tq, tp, tc), abs=0.01)
+    assert sim.mean_round == pytest.approx(system_model.round_time(n, tq, tp, tc), rel=1e-6)
 
 
 @pytest.mark.parametrize(("tq", "tp", "tc"), [(0.004, 0.020, 0.001), (0.003, 0.017, 0.002)])
 def test_simulated_draft_idles_below_n_star_and_never_from_n_star_on(tq: float, tp: float, tc: float) -> None:
-    n_star = model.optimal_targets(tq, tp, tc)
+    n_star = system_model.optimal_targets(tq, tp, tc)
     below = simulate_star(n_star - 1, tq, tp, tc, [0.8] * 4)
     at = simulate_star(n_star, tq, tp, tc, [0.8] * 4)
     assert below.utilization < 0.99
     assert at.utilization == pytest.approx(1.0, abs=1e-6)
-    assert model.regime(n_star - 1, tq, tp, tc) == "UnderLoaded"
-    assert model.regime(n_star, tq, tp, tc) == "FullyLoaded"
+    assert system_model.regime(n_star - 1, tq, tp, tc) == "UnderLoaded"
+    assert system_model.regime(n_star, tq, tp, tc) == "FullyLoaded"
 
 
 # --- batched draft --------------------------------------------------------------------------------
@@ -299,14 +299,16 @@ def test_batch_curve_parses_interpolates_and_validates() -> None:
 def test_a_flat_memory_bound_curve_lets_one_draft_feed_many_more_targets() -> None:
     flat = BatchCurve.parse("1:0.004,8:0.005")
     tp, tc = 0.030, 0.001
-    unbatched = model.optimal_targets(0.004, tp, tc)  # ceil(1 + 0.032/0.004) = 9
-    batched = model.batched_optimal_targets(flat, tp, tc)  # ceil(8 * (1 + 0.032/0.005)) = 60
+    unbatched = system_model.optimal_targets(0.004, tp, tc)  # ceil(1 + 0.032/0.004) = 9
+    batched = system_model.batched_optimal_targets(flat, tp, tc)  # ceil(8 * (1 + 0.032/0.005)) = 60
     assert (unbatched, batched) == (9, 60)
-    assert model.batched_capacity(flat, 4, alpha=0.8) == pytest.approx(6.4 * model.draft_capacity(0.004, 4, alpha=0.8))
+    assert system_model.batched_capacity(flat, 4, alpha=0.8) == pytest.approx(
+        6.4 * system_model.draft_capacity(0.004, 4, alpha=0.8)
+    )
     # Batching never lowers the model's throughput, and helps exactly once the unbatched draft saturates.
     for n in range(1, 80):
-        plain = model.throughput(n, 0.004, tp, tc, 4, alpha=0.8)
-        point = model.batched_point(n, flat, tp, tc, 4, alpha=0.8)
+        plain = system_model.throughput(n, 0.004, tp, tc, 4, alpha=0.8)
+        point = system_model.batched_point(n, flat, tp, tc, 4, alpha=0.8)
         assert point.throughput >= plain * (1 - 1e-12)
         if n < unbatched:
             assert point.batch == 1
@@ -317,19 +319,19 @@ def test_a_flat_memory_bound_curve_lets_one_draft_feed_many_more_targets() -> No
     # A compute-bound curve (Tq proportional to B) gains nothing.
     linear = BatchCurve.parse("1:0.004,8:0.032")
     assert linear.batching_gain() == pytest.approx(1.0)
-    assert model.batched_optimal_targets(linear, tp, tc) == unbatched
+    assert system_model.batched_optimal_targets(linear, tp, tc) == unbatched
 
 
 def test_batched_point_with_a_fixed_batch_by_hand() -> None:
     curve = BatchCurve.parse("1:0.004,8:0.006")
-    p = model.batched_point(16, curve, 0.030, 0.001, 4, alpha=0.8, batch=8)
+    p = system_model.batched_point(16, curve, 0.030, 0.001, 4, alpha=0.8, batch=8)
     assert p.cycle_time == pytest.approx(0.006 + 0.032)
     assert p.round_time == pytest.approx(0.038)  # 16 * 0.00075 = 0.012 < 0.038
     assert p.utilization == pytest.approx(0.012 / 0.038)
     assert p.regime == "UnderLoaded"
     assert p.throughput == pytest.approx(16 * 3.3616 / 0.038)
     with pytest.raises(ValueError, match="cannot exceed"):
-        model.batched_point(4, curve, 0.030, 0.001, 4, alpha=0.8, batch=8)
+        system_model.batched_point(4, curve, 0.030, 0.001, 4, alpha=0.8, batch=8)
 
 
 @pytest.mark.parametrize("n", [4, 9, 16, 24, 40, 64])
@@ -340,9 +342,9 @@ def test_simulated_batching_draft_reaches_the_batched_model_when_saturated(n: in
     tp, tc = 0.030, 0.001
     betas = [0.8] * 4
     sim = simulate_star(n, 0.004, tp, tc, betas, max_batch=8, tq_of_batch=curve, rounds_per_target=300)
-    bound = model.batched_throughput(n, curve, tp, tc, 4, betas=betas)
+    bound = system_model.batched_throughput(n, curve, tp, tc, 4, betas=betas)
     assert sim.throughput <= bound * 1.03
-    if n >= model.batched_optimal_targets(curve, tp, tc):
+    if n >= system_model.batched_optimal_targets(curve, tp, tc):
         assert sim.throughput == pytest.approx(bound, rel=0.03)
 
 
@@ -350,14 +352,14 @@ def test_simulated_batching_draft_reaches_the_batched_model_when_saturated(n: in
 
 
 def test_plan_marks_n_star_and_matches_the_pointwise_functions() -> None:
-    rows = model.plan(TQ, TP, TC, 4, alpha=0.8)
+    rows = system_model.plan(TQ, TP, TC, 4, alpha=0.8)
     assert [r.n for r in rows] == list(range(1, 15))  # max(8, 2 * N*) with N* = 7
     assert [r.n for r in rows if r.optimal] == [7]
     for r in rows:
-        assert r.throughput == pytest.approx(model.throughput(r.n, TQ, TP, TC, 4, alpha=0.8))
-        assert r.utilization == pytest.approx(model.utilization(r.n, TQ, TP, TC))
-        assert r.regime == model.regime(r.n, TQ, TP, TC)
-        assert r.latency_per_token == pytest.approx(model.per_target_latency(r.n, TQ, TP, TC, 4, alpha=0.8))
+        assert r.throughput == pytest.approx(system_model.throughput(r.n, TQ, TP, TC, 4, alpha=0.8))
+        assert r.utilization == pytest.approx(system_model.utilization(r.n, TQ, TP, TC))
+        assert r.regime == system_model.regime(r.n, TQ, TP, TC)
+        assert r.latency_per_token == pytest.approx(system_model.per_target_latency(r.n, TQ, TP, TC, 4, alpha=0.8))
         assert r.per_target_throughput * r.n == pytest.approx(r.throughput)
         assert r.batch == 1
     assert rows[0].to_dict()["regime"] == "UnderLoaded"
@@ -365,22 +367,22 @@ def test_plan_marks_n_star_and_matches_the_pointwise_functions() -> None:
 
 def test_plan_with_a_batch_curve_uses_the_batched_n_star() -> None:
     curve = BatchCurve.parse("1:0.004,8:0.006")
-    rows = model.plan(0.004, 0.030, 0.001, 4, alpha=0.8, ns=[1, 8, 51, 60], batch_curve=curve)
+    rows = system_model.plan(0.004, 0.030, 0.001, 4, alpha=0.8, ns=[1, 8, 51, 60], batch_curve=curve)
     assert [r.n for r in rows if r.optimal] == [51]
     assert rows[2].regime == "FullyLoaded"
     assert rows[2].batch == 8
     with pytest.raises(ValueError, match="Tq\\(1\\)"):
-        model.plan(0.005, 0.030, 0.001, 4, alpha=0.8, batch_curve=curve)
+        system_model.plan(0.005, 0.030, 0.001, 4, alpha=0.8, batch_curve=curve)
 
 
 @settings(max_examples=50, deadline=None)
 @given(n=st.integers(1, 64), tq=times, tp=times, tc=st.floats(0.0, 0.1))
 def test_utilization_is_a_fraction_and_throughput_is_positive(n: int, tq: float, tp: float, tc: float) -> None:
-    u = model.utilization(n, tq, tp, tc)
+    u = system_model.utilization(n, tq, tp, tc)
     assert 0.0 < u <= 1.0
-    assert model.throughput(n, tq, tp, tc, 3, alpha=0.5) > 0.0
-    assert (u == 1.0) == (model.regime(n, tq, tp, tc) == "FullyLoaded") or math.isclose(
-        n * tq, model.cycle_time(tq, tp, tc), rel_tol=1e-9
+    assert system_model.throughput(n, tq, tp, tc, 3, alpha=0.5) > 0.0
+    assert (u == 1.0) == (system_model.regime(n, tq, tp, tc) == "FullyLoaded") or math.isclose(
+        n * tq, system_model.cycle_time(tq, tp, tc), rel_tol=1e-9
     )
 
 
