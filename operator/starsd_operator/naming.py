@@ -60,6 +60,26 @@ def default_load_url(owner: Owner) -> str:
     return f"http://{draft_name(owner)}.{owner.namespace}.svc:{c.DRAFT_METRICS_PORT}{c.LOAD_PATH}"
 
 
+def draft_headless_name(owner: Owner) -> str:
+    """The headless Service that gives each draft pod (``<draft_name>-<i>``) a DNS name of its own."""
+    return child_name(owner.name, c.COMPONENT_DRAFT, "pods")
+
+
+def draft_pod_host(owner: Owner, ordinal: int) -> str:
+    """The DNS name of draft pod ``ordinal``: ``<draft>-<i>.<headless>.<namespace>.svc``."""
+    return f"{draft_name(owner)}-{ordinal}.{draft_headless_name(owner)}.{owner.namespace}.svc"
+
+
+def draft_endpoints(owner: Owner, replicas: int) -> list[str]:
+    """``host:port`` of every draft pod's gRPC server, draft 0 first: the ``--draft`` list targets are given."""
+    return [f"{draft_pod_host(owner, i)}:{c.DRAFT_GRPC_PORT}" for i in range(replicas)]
+
+
+def draft_load_urls(owner: Owner, replicas: int) -> list[str]:
+    """``GET /v1/load`` of every draft pod, draft 0 first."""
+    return [f"http://{draft_pod_host(owner, i)}:{c.DRAFT_METRICS_PORT}{c.LOAD_PATH}" for i in range(replicas)]
+
+
 def selector_labels(owner: Owner, component: str, pool: str | None = None) -> dict[str, str]:
     """The immutable selector of a workload (and the selector of its Service)."""
     labels = {
