@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 
+from starsd.bench.analysis import percentile
 from starsd.bench.harness import local_draft
 from starsd.bench.report import Column, Machine, table
 from starsd.proto import starsd_pb2 as pb
@@ -37,11 +38,6 @@ class ProtocolResult:
     request_bytes: float  # mean per round, framing included
     response_bytes: float
     bytes_per_round: float
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def measure(address: str, gamma: int, temperature: float, rounds: int, warmup: int = 20) -> ProtocolResult:
@@ -100,10 +96,10 @@ async def measure(address: str, gamma: int, temperature: float, rounds: int, war
         mode="greedy" if temperature == 0 else "sampled",
         gamma=gamma,
         rounds=rounds,
-        overhead_p50_ms=_percentile(overheads, 0.5) * 1e3,
-        overhead_p99_ms=_percentile(overheads, 0.99) * 1e3,
-        rtt_p50_ms=_percentile(rtts, 0.5) * 1e3,
-        service_p50_ms=_percentile(services, 0.5) * 1e3,
+        overhead_p50_ms=percentile(overheads, 0.5) * 1e3,
+        overhead_p99_ms=percentile(overheads, 0.99) * 1e3,
+        rtt_p50_ms=percentile(rtts, 0.5) * 1e3,
+        service_p50_ms=percentile(services, 0.5) * 1e3,
         request_bytes=mean_req,
         response_bytes=mean_resp,
         bytes_per_round=mean_req + mean_resp,
