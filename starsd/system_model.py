@@ -615,10 +615,7 @@ def best_star(
     """
     _check_count("gpus", gpus, 2)
     tq, tp, tc = _check_times(tq, tp, tc)
-    if batch_curve is not None:
-        n_star = batched_optimal_targets(batch_curve, tp, tc)
-    else:
-        n_star = optimal_targets(tq, tp, tc)
+    n_star = batched_optimal_targets(batch_curve, tp, tc) if batch_curve else optimal_targets(tq, tp, tc)
     options = [
         star_option(d, n, tq, tp, tc, gamma, alpha, betas, batch_curve, draft_cost, target_cost)
         for d in range(1, gpus)

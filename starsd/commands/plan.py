@@ -247,7 +247,8 @@ def format_star(star: dict[str, Any]) -> list[str]:
         f"({bc['throughput']:.1f} tokens/s, cost {bc['cost']:g}, {bc['throughput_per_cost']:.2f} tokens/s per cost)",
         "",
     ]
-    header = f"{'D':>3}  {'N':>4}  {'N/D':>5}  {'regime':<11}  {'util':>6}  {'tokens/s':>10}  {'cost':>8}  {'tok/s/cost':>10}"
+    header = f"{'D':>3}  {'N':>4}  {'N/D':>5}  {'regime':<11}  {'util':>6}  {'tokens/s':>10}  "
+    header += f"{'cost':>8}  {'tok/s/cost':>10}"
     lines += [header, "-" * len(header)]
     for o in star["by_drafts"]:
         line = (
