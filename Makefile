@@ -47,9 +47,10 @@ e2e-real: install images ## the real-pod e2e: chart, operator and a star as real
 soak: install ## long reliability runs
 	STARSD_SOAK=1 $(BIN)/pytest tests -m slow
 
-bench: install ## the star model, serving one target (alone, with the draft), a 4-target star, draft capacity (JSON, PNG under bench/results/)
+bench: install ## the star model, D = 1, 2, 4 drafts at D x N*, serving one target (alone, with the draft), a 4-target star, draft capacity (JSON, PNG under bench/results/)
 	@mkdir -p bench/results
 	$(BIN)/starsd bench star --json bench/results/star.json --plot bench/results/star.png
+	$(BIN)/starsd bench star --drafts 1,2,4 --json bench/results/star-drafts.json
 	$(BIN)/starsd bench serve --local-targets 1 --no-draft --concurrency 1,16 --json bench/results/serve-alone.json
 	$(BIN)/starsd bench serve --local-targets 1 --concurrency 1,16 --json bench/results/serve-draft.json
 	$(BIN)/starsd bench serve --local-targets 4 --concurrency 64 --json bench/results/serve-star4.json

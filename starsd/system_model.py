@@ -458,6 +458,196 @@ def plan(
     return rows
 
 
+# --- a star of stars: D drafts, each feeding its share of the targets --------------------------------
+
+
+def star_capacity(drafts: int, n_star: int) -> int:
+    """The targets ``drafts`` drafts keep busy: ``D * N*`` (each draft saturates at its own ``N*``)."""
+    _check_count("drafts", drafts, 1)
+    _check_count("n_star", n_star, 1)
+    return drafts * n_star
+
+
+def split_targets(targets: int, drafts: int) -> list[int]:
+    """How ``targets`` targets spread over ``drafts`` drafts: as evenly as possible (the assignment's balance,
+    :mod:`starsd.assignment`), the larger shares first."""
+    _check_count("targets", targets, 0)
+    _check_count("drafts", drafts, 1)
+    q, r = divmod(targets, drafts)
+    return [q + 1] * r + [q] * (drafts - r)
+
+
+def star_throughput(
+    drafts: int,
+    targets: int,
+    tq: float,
+    tp: float,
+    tc: float,
+    gamma: int,
+    alpha: float | None = None,
+    betas: Sequence[float] | None = None,
+    batch_curve: BatchCurve | None = None,
+) -> float:
+    """Tokens per second of ``targets`` targets spread evenly over ``drafts`` drafts: the sum of each draft's
+    ``O(n_i)`` (drafts share nothing; a draft with no target adds nothing)."""
+    total = 0.0
+    for n in split_targets(targets, drafts):
+        if n == 0:
+            continue
+        if batch_curve is not None:
+            total += batched_throughput(n, batch_curve, tp, tc, gamma, alpha, betas)
+        else:
+            total += throughput(n, tq, tp, tc, gamma, alpha, betas)
+    return total
+
+
+@dataclass(frozen=True)
+class StarOption:
+    """``drafts`` drafts and ``targets`` targets (one accelerator each) and what the model says of them."""
+
+    drafts: int
+    targets: int
+    gpus: int  # drafts + targets
+    throughput: float  # tokens/s, every target together
+    cost: float  # drafts * draft_cost + targets * target_cost
+    throughput_per_cost: float
+    targets_per_draft: float
+    utilization: float  # the busiest draft's
+    regime: Regime  # the busiest draft's
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["regime"] = str(self.regime)
+        return d
+
+
+@dataclass(frozen=True)
+class StarPlan:
+    """The best ``(D, N)`` for ``gpus`` accelerators: by throughput and by throughput per cost; ``by_drafts``
+    holds, for each ``D``, its best ``N`` by throughput."""
+
+    gpus: int
+    draft_cost: float
+    target_cost: float
+    optimal_targets: int  # one draft's N*
+    best_throughput: StarOption
+    best_per_cost: StarOption
+    by_drafts: tuple[StarOption, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpus": self.gpus,
+            "draft_cost": self.draft_cost,
+            "target_cost": self.target_cost,
+            "optimal_targets": self.optimal_targets,
+            "best_throughput": self.best_throughput.to_dict(),
+            "best_per_cost": self.best_per_cost.to_dict(),
+            "by_drafts": [o.to_dict() for o in self.by_drafts],
+        }
+
+
+def _check_cost(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def star_option(
+    drafts: int,
+    targets: int,
+    tq: float,
+    tp: float,
+    tc: float,
+    gamma: int,
+    alpha: float | None = None,
+    betas: Sequence[float] | None = None,
+    batch_curve: BatchCurve | None = None,
+    draft_cost: float = 1.0,
+    target_cost: float = 1.0,
+) -> StarOption:
+    """The model's view of ``drafts`` drafts and ``targets`` targets, the targets spread evenly."""
+    _check_count("drafts", drafts, 1)
+    _check_count("targets", targets, 1)
+    draft_cost = _check_cost("draft_cost", draft_cost)
+    target_cost = _check_cost("target_cost", target_cost)
+    busiest = split_targets(targets, drafts)[0]
+    if batch_curve is not None:
+        p = batched_point(busiest, batch_curve, tp, tc, gamma, alpha, betas)
+        util, reg = p.utilization, p.regime
+    else:
+        util, reg = utilization(busiest, tq, tp, tc), regime(busiest, tq, tp, tc)
+    out = star_throughput(drafts, targets, tq, tp, tc, gamma, alpha, betas, batch_curve)
+    cost = drafts * draft_cost + targets * target_cost
+    return StarOption(
+        drafts=drafts,
+        targets=targets,
+        gpus=drafts + targets,
+        throughput=out,
+        cost=cost,
+        throughput_per_cost=out / cost,
+        targets_per_draft=targets / drafts,
+        utilization=util,
+        regime=reg,
+    )
+
+
+def best_star(
+    gpus: int,
+    tq: float,
+    tp: float,
+    tc: float,
+    gamma: int,
+    alpha: float | None = None,
+    betas: Sequence[float] | None = None,
+    batch_curve: BatchCurve | None = None,
+    draft_cost: float = 1.0,
+    target_cost: float = 1.0,
+) -> StarPlan:
+    """The best ``(D, N)`` with ``D + N <= gpus`` (``D, N >= 1``; a draft or a target takes one accelerator,
+    priced ``draft_cost`` and ``target_cost`` per accelerator).
+
+    * **By throughput**: the most tokens/s; on a tie (targets past ``D * N*`` only queue) the cheaper, then
+      the one with fewer drafts. With equal costs this fills the accelerators so that no draft idles and no
+      target queues: about ``D = G / (N* + 1)`` drafts of ``N*`` targets each.
+    * **By throughput per cost**: the most tokens/s per unit of cost, among every option that fits in
+      ``gpus``; on a tie the one with more throughput, then fewer drafts. A cheap draft accelerator moves it
+      towards more drafts (fewer targets each, none of them queueing).
+    """
+    _check_count("gpus", gpus, 2)
+    tq, tp, tc = _check_times(tq, tp, tc)
+    n_star = batched_optimal_targets(batch_curve, tp, tc) if batch_curve else optimal_targets(tq, tp, tc)
+    options = [
+        star_option(d, n, tq, tp, tc, gamma, alpha, betas, batch_curve, draft_cost, target_cost)
+        for d in range(1, gpus)
+        for n in range(1, gpus - d + 1)
+    ]
+
+    def by_throughput(o: StarOption) -> tuple[float, float, int]:
+        return (_rounded(o.throughput), -o.cost, -o.drafts)
+
+    def by_per_cost(o: StarOption) -> tuple[float, float, int]:
+        return (_rounded(o.throughput_per_cost), _rounded(o.throughput), -o.drafts)
+
+    per_d: dict[int, StarOption] = {}
+    for o in options:
+        if o.drafts not in per_d or by_throughput(o) > by_throughput(per_d[o.drafts]):
+            per_d[o.drafts] = o
+    return StarPlan(
+        gpus=gpus,
+        draft_cost=float(draft_cost),
+        target_cost=float(target_cost),
+        optimal_targets=n_star,
+        best_throughput=max(options, key=by_throughput),
+        best_per_cost=max(options, key=by_per_cost),
+        by_drafts=tuple(per_d[d] for d in sorted(per_d)),
+    )
+
+
+def _rounded(x: float) -> float:
+    """``x`` to 9 significant digits: sums of equal shares in a different order compare equal."""
+    return float(f"{x:.9g}")
+
+
 # --- helpers --------------------------------------------------------------------------------------
 
 # Relative slack for comparisons at the regime boundary, where N*tq and C are equal in exact arithmetic but

@@ -14,7 +14,19 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from . import children, churn, conditions, imagepolicy, loadclient, naming, pools, rebalancer, rollout, status
+from . import (
+    children,
+    churn,
+    conditions,
+    draftcount,
+    imagepolicy,
+    loadclient,
+    naming,
+    pools,
+    rebalancer,
+    rollout,
+    status,
+)
 from . import constants as c
 from .kube import Kube, KubeError
 from .naming import Owner
@@ -49,6 +61,13 @@ class Memory:
     reconcile_error: tuple[int, str] | None = None  # (generation, message) of the last failed reconcile
     warned: set[str] = field(default_factory=set)  # Warning reasons already posted (each once per episode)
     last_status_write: float | None = None  # when tick last wrote the status (churn.should_write)
+    # The draft count's decision, as the target count's above (rebalancer.decide_drafts).
+    draft_samples: list[Sample] = field(default_factory=list)
+    draft_changes: list[Change] = field(default_factory=list)
+    drafts_unready_since: float | None = None
+    # The last tick's draft readings and draft decision, for status.drafts (draftcount.status).
+    draft_readings: loadclient.DraftReadings | None = None
+    draft_decision: Decision | None = None
 
 
 @dataclass(frozen=True)
@@ -345,6 +364,9 @@ def tick(
         obs, rebalanced = _rebalance(kube, body, memory, spec, obs, now=now, fetch=fetch, config=config)
         events += rebalanced
     new = status.build(obs, previous, now)
+    if spec is not None and _draft_status_wanted(spec):
+        drafts = draftcount.status(memory.draft_readings, memory.draft_decision, previous, now)["drafts"]
+        new["drafts"] = {**(new.get("drafts") or {}), **drafts}
     patch = status.merge_patch(previous, new)
     if not patch or not churn.should_write(previous, new, memory.last_status_write, now.timestamp()):
         return TickResult(status_patch={}, events=events)
@@ -426,7 +448,7 @@ def _rebalance(
         " unless started with --allow-load-url-annotation",
         c.ANNOTATION_LOAD_URL in annotations and not config.allow_load_url_annotation,
     )
-    url = loadclient.load_url(owner, annotations if overridden else None)
+    urls = loadclient.load_urls(owner, annotations if overridden else None, draftcount.replicas(spec))
     hpa = external_autoscaler(kube, owner) if spec.autoscaling.enabled else None
     events += _warn_once(
         memory,
@@ -434,17 +456,19 @@ def _rebalance(
         f"HorizontalPodAutoscaler {hpa} scales this cluster; the rebalancer steps aside while it exists",
         hpa is not None,
     )
-    deployment = obs.children.named("Deployment", naming.draft_name(owner))
-    draft_up = int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0) >= 1
-    if not overridden and not draft_up:
+    memory.draft_readings, memory.draft_decision = None, None
+    ready_drafts = draftcount.ready(obs.children, owner)
+    if not overridden and ready_drafts < 1:
         return replace(obs, load_error="the draft is not ready", external_autoscaler=hpa), events
-    try:
-        load = fetch(url)
-    except loadclient.LoadUnavailable as exc:
-        return replace(obs, load_error=str(exc), external_autoscaler=hpa), events
+    readings = loadclient.read_all(urls, fetch)
+    memory.draft_readings = readings
+    load = readings.aggregated()
+    if load is None:
+        return replace(obs, load_error=readings.error(), external_autoscaler=hpa), events
     obs = replace(obs, load=load, external_autoscaler=hpa)
     if hpa is not None:
         memory.samples.clear()
+        memory.draft_samples.clear()
         return obs, events
     counts = status.target_counts(owner, spec, obs.children)
     at = now.timestamp()
@@ -457,6 +481,8 @@ def _rebalance(
     memory.samples.append(Sample(at=at, replicas=spec.replicas, ready=counts.ready, load=load))
     memory.samples = rebalancer.prune(memory.samples, at, pol.history_seconds)
     memory.changes = rebalancer.prune_changes(_seed_changes(memory, body), at, pol.history_seconds)
+    drafts_moved, drafted = _rebalance_drafts(kube, body, memory, spec, pol, load, ready_drafts, at)
+    events += drafted
     decision = rebalancer.decide(
         pol,
         replicas=spec.replicas,
@@ -466,6 +492,11 @@ def _rebalance(
         changes=memory.changes,
         unready_since=memory.unready_since,
     )
+    if decision.changed and drafts_moved:
+        # One count moves per tick: the drafts first (a saturated draft wants another draft, not more targets).
+        decision = Decision(
+            decision.previous, decision.previous, rebalancer.STABILIZING, "the draft count moved; deciding again"
+        )
     if decision.changed:
         if kube.swap_replicas(owner.namespace, owner.name, decision.previous, decision.replicas):
             events.append(Event("Normal", c.EVENT_REBALANCED, decision.message))
@@ -479,6 +510,62 @@ def _rebalance(
                 "spec.targets.replicas changed while deciding; deciding again on fresh samples",
             )
     return replace(obs, decision=decision), events
+
+
+def _draft_status_wanted(spec: ClusterSpec) -> bool:
+    """Write ``status.drafts``' loads only once the spec knows ``draft.replicas`` (the CRD then has the fields)."""
+    return getattr(spec.draft, "replicas", None) is not None
+
+
+def _rebalance_drafts(
+    kube: Kube,
+    body: Mapping[str, Any],
+    memory: Memory,
+    spec: ClusterSpec,
+    pol: rebalancer.Policy,
+    load: Load,
+    ready: int,
+    at: float,
+) -> tuple[bool, list[Event]]:
+    """Decide the draft count and patch ``spec.draft.replicas`` when it moves; (moved, Events)."""
+    lo, hi = draftcount.bounds(spec)
+    replicas = draftcount.replicas(spec)
+    if not pol.enabled or (lo == hi == replicas):
+        return False, []
+    dpol = rebalancer.draft_policy(pol, lo, hi)
+    if ready >= min(max(replicas, lo), hi):
+        memory.drafts_unready_since = None
+    elif memory.drafts_unready_since is None:
+        memory.drafts_unready_since = at
+    memory.draft_samples.append(Sample(at=at, replicas=replicas, ready=ready, load=load))
+    memory.draft_samples = rebalancer.prune(memory.draft_samples, at, dpol.history_seconds)
+    seeded = memory.draft_changes or draftcount.last_change(body.get("status") or {})
+    memory.draft_changes = rebalancer.prune_changes(seeded, at, dpol.history_seconds)
+    decision = rebalancer.decide_drafts(
+        dpol,
+        replicas=replicas,
+        ready=ready,
+        samples=memory.draft_samples,
+        now=at,
+        changes=memory.draft_changes,
+        unready_since=memory.drafts_unready_since,
+    )
+    events: list[Event] = []
+    if decision.changed:
+        owner = owner_of(body)
+        if kube.swap_draft_replicas(owner.namespace, owner.name, decision.previous, decision.replicas):
+            events.append(Event("Normal", c.EVENT_REBALANCED, decision.message))
+            memory.draft_changes.append(Change(at, decision.previous, decision.replicas))
+            memory.drafts_unready_since = None
+        else:
+            decision = Decision(
+                decision.previous,
+                decision.previous,
+                "Conflict",
+                "spec.draft.replicas changed while deciding; deciding again on fresh samples",
+            )
+    memory.draft_decision = decision
+    return decision.changed, events
 
 
 def _seed_changes(memory: Memory, body: Mapping[str, Any]) -> list[Change]:

@@ -46,6 +46,8 @@ class Kube(Protocol):
 
     def swap_replicas(self, namespace: str, name: str, expected: int, new: int) -> bool: ...
 
+    def swap_draft_replicas(self, namespace: str, name: str, expected: int, new: int) -> bool: ...
+
 
 def load_config() -> None:
     """The in-cluster service account when running in a pod, else the current kubeconfig context."""
@@ -120,10 +122,17 @@ class ApiServer:
     def swap_replicas(self, namespace: str, name: str, expected: int, new: int) -> bool:
         """Set ``spec.targets.replicas`` to ``new`` if it still is ``expected``, in one atomic JSON patch;
         False when someone changed it in between (the ``test`` operation failed)."""
+        return self._swap(namespace, name, "/spec/targets/replicas", expected, new)
+
+    def swap_draft_replicas(self, namespace: str, name: str, expected: int, new: int) -> bool:
+        """:meth:`swap_replicas` for ``spec.draft.replicas`` (the rebalancer's draft count)."""
+        return self._swap(namespace, name, "/spec/draft/replicas", expected, new)
+
+    def _swap(self, namespace: str, name: str, path: str, expected: int, new: int) -> bool:
         api = self._client.CustomObjectsApi(self._api)
         ops = [
-            {"op": "test", "path": "/spec/targets/replicas", "value": expected},
-            {"op": "replace", "path": "/spec/targets/replicas", "value": new},
+            {"op": "test", "path": path, "value": expected},
+            {"op": "replace", "path": path, "value": new},
         ]
         try:
             _call(
@@ -139,7 +148,7 @@ class ApiServer:
             )
         except KubeError as exc:
             if exc.status in (409, 422):  # the test failed (or the new count was refused): nothing changed
-                log.info("target count of %s/%s not moved %d -> %d: %s", namespace, name, expected, new, exc)
+                log.info("%s of %s/%s not moved %d -> %d: %s", path, namespace, name, expected, new, exc)
                 return False
             raise
         return True

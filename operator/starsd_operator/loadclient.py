@@ -9,13 +9,15 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from . import constants as c
 from . import naming
 from .naming import Owner
-from .rebalancer import Load
+from .rebalancer import Load, aggregate
 
 DEFAULT_TIMEOUT = 3.0
 MAX_BODY = 64 * 1024
@@ -40,6 +42,58 @@ def load_url(owner: Owner, annotations: Mapping[str, Any] | None) -> str:
     address (the caller passes ``None`` unless the operator allows the annotation)."""
     url = (annotations or {}).get(c.ANNOTATION_LOAD_URL)
     return str(url).strip() if isinstance(url, str) and url.strip() else naming.default_load_url(owner)
+
+
+def load_urls(owner: Owner, annotations: Mapping[str, Any] | None, replicas: int) -> list[str]:
+    """Every draft's ``/v1/load``, draft 0 first: the ``starsd.io/load-url`` annotation when set in
+    ``annotations`` (a comma-separated list, one URL per draft), else the draft Service's address for one
+    draft and each draft pod's own address for several (:func:`naming.draft_load_urls`); the caller passes
+    ``None`` unless the operator allows the annotation."""
+    url = (annotations or {}).get(c.ANNOTATION_LOAD_URL)
+    if isinstance(url, str) and url.strip():
+        return [u.strip() for u in url.split(",") if u.strip()]
+    return [naming.default_load_url(owner)] if replicas <= 1 else naming.draft_load_urls(owner, replicas)
+
+
+@dataclass(frozen=True)
+class DraftReadings:
+    """One reading per draft URL: its load, or why it could not be read."""
+
+    urls: tuple[str, ...]
+    loads: tuple[Load | None, ...]
+    errors: tuple[str | None, ...]
+
+    @property
+    def readable(self) -> list[Load]:
+        return [x for x in self.loads if x is not None]
+
+    def error(self) -> str:
+        """Why no draft could be read (each draft's reason)."""
+        return "; ".join(e for e in self.errors if e) or "no draft load URL"
+
+    def aggregated(self) -> Load | None:
+        """The readable drafts as one reading (:func:`rebalancer.aggregate`); one draft's reading as it is."""
+        loads = self.readable
+        if not loads:
+            return None
+        return loads[0] if len(self.urls) == 1 else aggregate(loads)
+
+
+def read_all(urls: Sequence[str], read: Callable[[str], Load]) -> DraftReadings:
+    """Read every URL with ``read`` (e.g. :func:`fetch`), in parallel; a failure is kept, not raised."""
+
+    def one(url: str) -> tuple[Load | None, str | None]:
+        try:
+            return read(url), None
+        except LoadUnavailable as exc:
+            return None, str(exc)
+
+    if len(urls) <= 1:
+        results = [one(u) for u in urls]
+    else:
+        with ThreadPoolExecutor(max_workers=min(8, len(urls))) as pool:
+            results = list(pool.map(one, urls))
+    return DraftReadings(tuple(urls), tuple(r[0] for r in results), tuple(r[1] for r in results))
 
 
 def fetch(url: str, timeout: float = DEFAULT_TIMEOUT) -> Load:

@@ -37,19 +37,36 @@ passed: then it decides on the *ready* count (a target that never becomes ready,
 must not freeze the cluster), and says so in the decision.
 
 **No metrics, no action.** A reading with no window or no connected target recommends nothing.
+
+**Several drafts** (docs/architecture.md section 2: ``D`` drafts keep ``D * N*`` targets busy). Each draft's
+reading is taken, and :func:`aggregate` makes the one reading the target count is decided on: the *worst*
+(busiest) draft's utilisation and regime, the *total* demand (targets, sessions, requests, queue) and N* summed
+over the drafts. The draft count has its own decision, :func:`decide_drafts`, with the same windows, rate
+limits and convergence as the target count, one draft per step, within ``minDrafts..maxDrafts``
+(:func:`draft_policy`); its recommendation (:func:`recommend_drafts`):
+
+1. **Drafts and targets idle** (every draft's utilisation below ``underloadedUtilization``, target occupancy
+   below ``scaleInOccupancy``, nothing waiting): one draft fewer.
+2. **Every draft saturated while targets have demand** (every draft's utilisation at or above
+   ``saturatedUtilization``; requests waiting at the targets or occupancy at or above ``saturatedOccupancy``):
+   one draft more. More targets would only queue behind saturated drafts; another draft serves them.
+3. Otherwise hold; also while fewer drafts than the count report their load.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 # Reasons a decision changes the count (status.lastRebalance.reason).
 UNDER_LOADED = "UnderLoaded"
 SATURATED = "Saturated"
 TARGETS_IDLE = "TargetsIdle"
+# Reasons a decision changes the number of drafts (status.drafts.lastRebalance.reason).
+DRAFTS_SATURATED = "DraftsSaturated"
+DRAFTS_IDLE = "DraftsIdle"
 # Reasons a decision holds.
 DISABLED = "Disabled"
 NOT_CONVERGED = "NotConverged"
@@ -87,6 +104,8 @@ class Load:
     running_requests: int = 0
     waiting_requests: int = 0
     target_occupancy: float = 0.0
+    # The drafts' own readings when this one aggregates several (:func:`aggregate`); empty for one reading.
+    per_draft: tuple[Load, ...] = ()
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Load:
@@ -133,6 +152,39 @@ class Load:
     def empty(self) -> bool:
         """Nothing to go on: no measuring window, or no target connected to report its demand."""
         return self.window_seconds <= 0 or self.targets < 1
+
+
+def aggregate(loads: Sequence[Load]) -> Load:
+    """One reading for several drafts: the busiest draft's utilisation and regime, the total demand (targets,
+    sessions, requests, queue), occupancy averaged over the connected targets, N* summed over the drafts (a
+    draft that knows none counts as the others' mean) and the shortest window; ``per_draft`` keeps them all."""
+    if not loads:
+        raise ValueError("aggregate needs at least one draft's reading")
+    worst = max(loads, key=lambda x: x.utilization)
+    targets = sum(x.targets for x in loads)
+    known = [n for n in (x.optimal_targets() for x in loads) if n]
+    n_star = sum(known) + (len(loads) - len(known)) * math.ceil(sum(known) / len(known)) if known else 0
+    timed = [x for x in loads if x.tq_seconds > 0] or list(loads)
+
+    def mean(values: Sequence[float]) -> float:
+        return sum(values) / len(values)
+
+    return Load(
+        utilization=worst.utilization,
+        window_seconds=min(x.window_seconds for x in loads),
+        tq_seconds=mean([x.tq_seconds for x in timed]),
+        tp_seconds=mean([x.tp_seconds for x in timed]),
+        tc_seconds=mean([x.tc_seconds for x in timed]),
+        queue_depth=sum(x.queue_depth for x in loads),
+        targets=targets,
+        regime=worst.regime,
+        active_sessions=sum(x.active_sessions for x in loads),
+        recommended_targets=n_star,
+        running_requests=sum(x.running_requests for x in loads),
+        waiting_requests=sum(x.waiting_requests for x in loads),
+        target_occupancy=sum(x.target_occupancy * x.targets for x in loads) / targets if targets else 0.0,
+        per_draft=tuple(loads),
+    )
 
 
 @dataclass(frozen=True)
@@ -247,6 +299,40 @@ def recommend(policy: Policy, n: int, load: Load) -> Recommendation:
     return Recommendation(n, BALANCED, f"{draft}, {occupancy}, {load.waiting_requests} waiting")
 
 
+def recommend_drafts(policy: Policy, d: int, load: Load) -> Recommendation:
+    """The number of drafts one (aggregated) reading argues for, from the current ``d`` (the module's doc)."""
+    per = load.per_draft or (load,)
+    if len(per) < d:
+        return Recommendation(d, BALANCED, f"only {len(per)} of {d} drafts report their load")
+    utils = "/".join(f"{x.utilization:.2f}" for x in per)
+    occupancy = f"target occupancy {load.target_occupancy:.2f}, {load.waiting_requests} waiting"
+    idle = load.target_occupancy < policy.scale_in_occupancy and load.waiting_requests == 0 and load.queue_depth <= 0
+    if idle and all(x.utilization < policy.underloaded_utilization for x in per):
+        why = f"drafts idle (utilization {utils} < {policy.underloaded_utilization:g}), targets idle ({occupancy})"
+        return Recommendation(d - 1, DRAFTS_IDLE, why)
+    demand = load.waiting_requests > 0 or load.target_occupancy >= policy.saturated_occupancy
+    if demand and all(x.utilization >= policy.saturated_utilization for x in per):
+        why = f"every draft saturated (utilization {utils} >= {policy.saturated_utilization:g}), targets have demand"
+        return Recommendation(d + 1, DRAFTS_SATURATED, f"{why} ({occupancy})")
+    return Recommendation(d, BALANCED, f"draft utilization {utils}, {occupancy}")
+
+
+def draft_policy(policy: Policy, min_drafts: int, max_drafts: int) -> Policy:
+    """The target count's policy turned to the draft count: bounds ``min_drafts..max_drafts``, one draft per
+    step, no tolerance band (one draft is a large step); windows, rate limits and thresholds unchanged."""
+    if min_drafts < 1 or max_drafts < min_drafts:
+        raise ValueError(f"need 1 <= minDrafts <= maxDrafts, got {min_drafts}..{max_drafts}")
+    return replace(
+        policy,
+        min_targets=min_drafts,
+        max_targets=max_drafts,
+        pool_capacity=(min_drafts, max_drafts),
+        tolerance=0.0,
+        up=replace(policy.up, max_step=min(1, policy.up.max_step)),
+        down=replace(policy.down, max_step=min(1, policy.down.max_step)),
+    )
+
+
 def _tolerant(policy: Policy, n: int, want: int, reason: str, why: str) -> Recommendation:
     if abs(want - n) <= policy.tolerance * n:
         return Recommendation(n, BALANCED, f"{why}, within the {policy.tolerance:g} tolerance of {n}")
@@ -279,6 +365,49 @@ def decide(
     """What to do now. ``replicas`` is ``spec.targets.replicas``, ``ready`` the ready targets, ``samples`` the
     trace so far (oldest first), ``changes`` the recent changes of the count (for the rate limits) and
     ``unready_since`` since when the targets have not all been ready (seconds, same clock; ``None``: now)."""
+    return _decide(policy, replicas, ready, samples, now, changes, unready_since, _TARGETS)
+
+
+def decide_drafts(
+    policy: Policy,
+    *,
+    replicas: int,
+    ready: int,
+    samples: Sequence[Sample],
+    now: float,
+    changes: Sequence[Change] = (),
+    unready_since: float | None = None,
+) -> Decision:
+    """:func:`decide` for the number of drafts: ``policy`` from :func:`draft_policy`, ``replicas`` is
+    ``spec.draft.replicas``, ``ready`` the ready drafts, ``samples`` carry aggregated readings
+    (:func:`aggregate`) and the draft count, ``changes`` the draft count's recent changes."""
+    return _decide(policy, replicas, ready, samples, now, changes, unready_since, _DRAFTS)
+
+
+@dataclass(frozen=True)
+class _Count:
+    """What a decision moves: its recommendation rule, how messages name it, and its spec field."""
+
+    recommend: Callable[[Policy, int, Load], Recommendation]
+    noun: str
+    field: str
+
+
+_TARGETS = _Count(recommend, "targets", "spec.targets.replicas")
+_DRAFTS = _Count(recommend_drafts, "drafts", "spec.draft.replicas")
+
+
+def _decide(
+    policy: Policy,
+    replicas: int,
+    ready: int,
+    samples: Sequence[Sample],
+    now: float,
+    changes: Sequence[Change],
+    unready_since: float | None,
+    count: _Count,
+) -> Decision:
+    noun = count.noun
 
     def hold(reason: str, message: str, timed_out: bool = False) -> Decision:
         return Decision(replicas, replicas, reason, message, timed_out)
@@ -293,16 +422,16 @@ def decide(
         if waited < policy.convergence_timeout_seconds:
             return hold(
                 NOT_CONVERGED,
-                f"waiting for targets to settle: {ready} of {achievable} ready"
+                f"waiting for {noun} to settle: {ready} of {achievable} ready"
                 f" ({waited:.0f}s of a {policy.convergence_timeout_seconds:.0f}s convergence timeout)",
             )
         base, timed_out = ready, True
-        prefix = f"{ready} of {achievable} targets ready after {waited:.0f}s, deciding on the ready count: "
+        prefix = f"{ready} of {achievable} {noun} ready after {waited:.0f}s, deciding on the ready count: "
     usable = [s for s in samples if not s.load.empty]
     if not samples or samples[-1].load.empty or not usable:
         return hold(NO_METRICS, prefix + "the draft reports no load with a connected target yet", timed_out)
 
-    recs = [(s.at, recommend(policy, base, s.load)) for s in usable]
+    recs = [(s.at, count.recommend(policy, base, s.load)) for s in usable]
     latest = recs[-1][1]
     up = _window(recs, now, policy.up.window_seconds)
     down = _window(recs, now, policy.down.window_seconds)
@@ -331,11 +460,11 @@ def decide(
     target = _rate_limited(direction, base, target, changes, now)
     if target == replicas:
         if timed_out:
-            return hold(BALANCED, prefix + f"{chosen.why}; spec.targets.replicas already asks for {replicas}", True)
+            return hold(BALANCED, prefix + f"{chosen.why}; {count.field} already asks for {replicas}", True)
         if target in (lo, hi):
             return hold(AT_BOUND, prefix + f"{chosen.why}, but {replicas} is at the bound {lo}..{hi}", timed_out)
         return hold(RATE_LIMITED, prefix + f"{chosen.why}, but the rate limit holds it at {replicas}", timed_out)
-    message = prefix + f"{replicas} -> {target} targets: {chosen.why}"
+    message = prefix + f"{replicas} -> {target} {noun}: {chosen.why}"
     return Decision(target, replicas, chosen.reason, message, timed_out)
 
 

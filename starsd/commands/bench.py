@@ -67,6 +67,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--n", type=_n_list, metavar="N,N,...", help="target counts (default 1,2,4,8,16,32 and N*; 1 always)"
     )
+    run.add_argument(
+        "--drafts",
+        type=_n_list,
+        metavar="D,D,...",
+        help="instead of the sweep over N: D emulated drafts with D x N* targets (each on its first-choice draft), "
+        "total throughput against D x one draft's at N*",
+    )
     run.add_argument("--duration", type=float, default=10.0, help="measured seconds per point")
     run.add_argument("--warmup", type=float, default=1.0, help="seconds per point before measuring")
     run.add_argument("--session-tokens", type=int, default=512, help="tokens per emulated completion")
@@ -193,6 +200,8 @@ def run_star_command(args: argparse.Namespace) -> int:
         return _error(str(exc))
     if args.draft_load_url and not args.draft_address:
         return _error("--draft-load-url goes with --draft-address")
+    if args.drafts is not None:
+        return run_drafts_command(cfg, extra, args)
     try:
         report = asyncio.run(_run(cfg, extra, args))
     except RuntimeError as exc:
@@ -206,6 +215,22 @@ def run_star_command(args: argparse.Namespace) -> int:
 
         plot_star(report.to_dict(), args.plot)
         print(f"wrote {args.plot}")
+    return 0
+
+
+def run_drafts_command(cfg: StarConfig, extra: list[str], args: argparse.Namespace) -> int:
+    """``bench star --drafts``: D emulated drafts and D x N* targets (:mod:`starsd.bench.drafts`)."""
+    from starsd.bench.drafts import run_drafts
+    from starsd.bench.report import write_json
+
+    if cfg.draft_service_time is None or args.draft_address:
+        return _error("--drafts runs emulated drafts: not with --draft-model or --draft-address")
+    try:
+        report = asyncio.run(run_drafts(cfg, args.drafts, extra))
+    except RuntimeError as exc:
+        return _error(str(exc))
+    print(report.table())
+    write_json(args.json, report)
     return 0
 
 

@@ -52,6 +52,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="B:S,...",
         help='the draft\'s batched service time Tq(B), e.g. "1:0.004,8:0.006" (B=1 defaults to --tq)',
     )
+    star = parser.add_argument_group(
+        "several drafts (--gpus G): the best number of drafts D and targets N",
+        "With --gpus, also the best (D, N) with D + N <= G, one accelerator per draft and per target: by "
+        "throughput (tokens/s) and by throughput per cost (tokens/s per unit of --draft-cost/--target-cost), "
+        "and for each D its best N. D drafts keep D x N* targets busy; targets past that only queue.",
+    )
+    star.add_argument("--gpus", type=int, metavar="G", help="accelerators to share between drafts and targets")
+    star.add_argument(
+        "--draft-cost", type=float, default=1.0, metavar="X", help="cost of one draft accelerator (default 1)"
+    )
+    star.add_argument(
+        "--target-cost", type=float, default=1.0, metavar="Y", help="cost of one target accelerator (default 1)"
+    )
     out = parser.add_argument_group("output")
     out.add_argument(
         "--max-n", type=int, help="rows up to N = MAX_N (default max(8, 2*N*); past 64, powers of two and N*)"
@@ -146,6 +159,25 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
         else system_model.draft_capacity(tq, gamma, alpha, betas),
         "rows": [r.to_dict() for r in rows],
     }
+    if args.gpus is not None:
+        if args.gpus < 2:
+            raise ValueError(f"--gpus must be >= 2 (one draft and one target), got {args.gpus}")
+        for flag, value in (("--draft-cost", args.draft_cost), ("--target-cost", args.target_cost)):
+            if not value > 0 or value == float("inf"):
+                raise ValueError(f"{flag} must be a number > 0, got {value}")
+        star = system_model.best_star(
+            args.gpus,
+            tq,
+            tp,
+            tc,
+            gamma,
+            alpha=alpha,
+            betas=betas,
+            batch_curve=curve,
+            draft_cost=args.draft_cost,
+            target_cost=args.target_cost,
+        )
+        report["star"] = star.to_dict()
     if curve:
         best = curve.best_batch()
         report["batching"] = {
@@ -198,7 +230,45 @@ def format_report(report: dict[str, Any]) -> str:
         if r["optimal"]:
             line += "  <- N*"
         lines.append(line)
+    if "star" in report:
+        lines += ["", *format_star(report["star"])]
     return "\n".join(lines)
+
+
+def format_star(star: dict[str, Any]) -> list[str]:
+    """The ``--gpus`` section: the best (D, N) by throughput and per cost, and each D's best N."""
+    bt, bc = star["best_throughput"], star["best_per_cost"]
+    lines = [
+        f"{star['gpus']} accelerators, a draft costs {star['draft_cost']:g} and a target {star['target_cost']:g}; "
+        f"one draft keeps N* = {star['optimal_targets']} targets busy, D drafts D x N*",
+        f"best by throughput:          D = {bt['drafts']} drafts, N = {bt['targets']} targets "
+        f"({bt['throughput']:.1f} tokens/s, cost {bt['cost']:g})",
+        f"best by throughput per cost: D = {bc['drafts']} drafts, N = {bc['targets']} targets "
+        f"({bc['throughput']:.1f} tokens/s, cost {bc['cost']:g}, {bc['throughput_per_cost']:.2f} tokens/s per cost)",
+        "",
+    ]
+    header = f"{'D':>3}  {'N':>4}  {'N/D':>5}  {'regime':<11}  {'util':>6}  {'tokens/s':>10}  "
+    header += f"{'cost':>8}  {'tok/s/cost':>10}"
+    lines += [header, "-" * len(header)]
+    for o in star["by_drafts"]:
+        line = (
+            f"{o['drafts']:>3}  {o['targets']:>4}  {o['targets_per_draft']:>5.1f}  {o['regime']:<11}  "
+            f"{o['utilization'] * 100:>5.1f}%  {o['throughput']:>10.1f}  {o['cost']:>8g}  "
+            f"{o['throughput_per_cost']:>10.2f}"
+        )
+        marks = [
+            m
+            for m, b in (("throughput", bt), ("per cost", bc))
+            if (b["drafts"], b["targets"])
+            == (
+                o["drafts"],
+                o["targets"],
+            )
+        ]
+        if marks:
+            line += "  <- best " + ", ".join(marks)
+        lines.append(line)
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ class FakeKube:
         self.applied: list[tuple[str, str]] = []
         self.deleted: list[tuple[str, str]] = []
         self.swaps: list[tuple[int, int]] = []
+        self.draft_swaps: list[tuple[int, int]] = []  # spec.draft.replicas (expected, new)
         self.swap_ok = True
         self.fail_apply: KubeError | None = None
         self.fail_list: KubeError | None = None
@@ -49,6 +50,10 @@ class FakeKube:
 
     def swap_replicas(self, namespace: str, name: str, expected: int, new: int) -> bool:
         self.swaps.append((expected, new))
+        return self.swap_ok
+
+    def swap_draft_replicas(self, namespace: str, name: str, expected: int, new: int) -> bool:
+        self.draft_swaps.append((expected, new))
         return self.swap_ok
 
     def settle(self) -> None:

@@ -123,6 +123,16 @@ def test_swap_replicas_is_one_atomic_json_patch(api: ApiServer) -> None:
     ]
 
 
+def test_swap_draft_replicas_patches_the_draft_count(api: ApiServer) -> None:
+    assert api.swap_draft_replicas("ml", "chat", 2, 3)
+    [seen] = Api.seen
+    assert (seen.method, seen.path) == ("PATCH", "/apis/starsd.io/v1alpha1/namespaces/ml/starsdclusters/chat")
+    assert seen.body == [
+        {"op": "test", "path": "/spec/draft/replicas", "value": 2},
+        {"op": "replace", "path": "/spec/draft/replicas", "value": 3},
+    ]
+
+
 def test_swap_replicas_reports_a_lost_race(api: ApiServer) -> None:
     Api.answers[("PATCH", "/apis/starsd.io/v1alpha1/namespaces/ml/starsdclusters/chat")] = (
         422,

@@ -1,0 +1,95 @@
+"""The number of drafts: the spec's counts, the ready drafts, and the status the draft decision records.
+
+D drafts keep ``D * N*`` targets busy (docs/architecture.md section 2); :func:`rebalancer.decide_drafts` decides
+the count, the controller patches ``spec.draft.replicas``. The spec's fields are read through the accessors here
+(``spec.draft.replicas``, ``spec.autoscaling.min_drafts`` / ``max_drafts``, each 1 when absent), so this module
+works with a spec that has them and one that does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from . import conditions, naming
+from .loadclient import DraftReadings
+from .naming import Owner
+from .rebalancer import Change, Decision
+from .spec import ClusterSpec
+from .status import Children
+
+
+def _count(obj: object, name: str) -> int:
+    value = getattr(obj, name, 1)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
+
+
+def replicas(spec: ClusterSpec) -> int:
+    """``spec.draft.replicas`` (1 when the spec has no such field)."""
+    return _count(spec.draft, "replicas")
+
+
+def bounds(spec: ClusterSpec) -> tuple[int, int]:
+    """``(minDrafts, maxDrafts)`` of ``spec.autoscaling`` (1, 1 when absent: the draft count never moves)."""
+    lo = _count(spec.autoscaling, "min_drafts")
+    return lo, max(lo, _count(spec.autoscaling, "max_drafts"))
+
+
+def ready(children: Children, owner: Owner) -> int:
+    """Ready draft pods: the draft workload's ``readyReplicas`` (a StatefulSet, or the one-draft Deployment)."""
+    name = naming.draft_name(owner)
+    workload = children.named("StatefulSet", name) or children.named("Deployment", name)
+    return int(((workload or {}).get("status") or {}).get("readyReplicas") or 0)
+
+
+def last_change(previous_status: Mapping[str, Any]) -> list[Change]:
+    """The draft count's last change as ``status.drafts.lastRebalance`` holds it (rate limits after a restart)."""
+    last = (previous_status.get("drafts") or {}).get("lastRebalance") or {}
+    when = conditions.parse_timestamp(last.get("time"))
+    if when is None or not isinstance(last.get("from"), int) or not isinstance(last.get("to"), int):
+        return []
+    return [Change(when.timestamp(), last["from"], last["to"])]
+
+
+def status(
+    readings: DraftReadings | None,
+    decision: Decision | None,
+    previous_status: Mapping[str, Any],
+    now: datetime,
+) -> dict[str, Any]:
+    """``{"drafts": {...}}`` to merge into the status: the worst draft's utilisation, each draft's load (or why
+    it could not be read), and the draft count's last change (kept from ``previous_status`` until a new one)."""
+    drafts: dict[str, Any] = {}
+    if readings is not None:
+        loads = readings.readable
+        drafts["worstUtilization"] = round(max(x.utilization for x in loads), 2) if loads else None
+        rows: list[dict[str, Any]] = []
+        for i, (load, error) in enumerate(zip(readings.loads, readings.errors, strict=True)):
+            if load is None:
+                rows.append({"index": i, "error": error})
+                continue
+            rows.append(
+                {
+                    "index": i,
+                    "utilization": round(load.utilization, 2),
+                    "regime": load.regime or None,
+                    "queueDepth": round(load.queue_depth, 2),
+                    "connectedTargets": load.targets,
+                    "waitingRequests": load.waiting_requests,
+                    "recommendedTargets": load.optimal_targets(),
+                }
+            )
+        drafts["loads"] = rows
+    last = (previous_status.get("drafts") or {}).get("lastRebalance")
+    if decision is not None and decision.changed:
+        last = {
+            "time": conditions.timestamp(now),
+            "from": decision.previous,
+            "to": decision.replicas,
+            "reason": decision.reason,
+            "message": decision.message,
+        }
+    if last:
+        drafts["lastRebalance"] = last
+    return {"drafts": drafts}
