@@ -248,6 +248,7 @@ class DraftClient:
         """Read the stream in use until it ends; meanwhile probe the first choice and move back to it."""
         assert self._stream is not None
         reader = asyncio.create_task(self._read(self._stream), name="draft-stream")
+        probe: asyncio.Task[_Stream | None] | None = None
         try:
             while True:
                 delay = self.policy.probe_delay(time.monotonic())
@@ -257,7 +258,14 @@ class DraftClient:
                     self.connected = False
                     self.policy.lost()
                     return
-                better = await self._probe()
+                # The probe runs beside the reader: a probe that hangs (a first choice cut off by the network)
+                # must not hold back the failover of a stream that breaks meanwhile.
+                probe = asyncio.create_task(self._probe(), name="draft-probe")
+                await asyncio.wait({reader, probe}, return_when=asyncio.FIRST_COMPLETED)
+                if not probe.done():
+                    probe.cancel()
+                    await asyncio.wait({probe})
+                better = None if probe.cancelled() else probe.result()
                 if better is not None and not reader.done():
                     old, old_reader = self._stream, reader
                     self._use(better)
@@ -266,6 +274,8 @@ class DraftClient:
                 elif better is not None:  # the stream in use ended meanwhile: the next loop notices
                     self._retire(better, None)
         finally:
+            if probe is not None and not probe.done():
+                probe.cancel()
             if not reader.done():
                 reader.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

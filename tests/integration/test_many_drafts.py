@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -61,7 +61,7 @@ def metrics(url: str) -> dict[str, float]:
     return out
 
 
-def wait_until(check, what: str, timeout: float = WAIT) -> None:  # type: ignore[no-untyped-def]
+def wait_until(check: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting until {what}"
@@ -130,11 +130,13 @@ def test_killing_a_draft_moves_its_targets_to_the_other(star: LocalStar, referen
     with ThreadPoolExecutor(max_workers=COMPLETIONS) as pool:
         jobs = workload(pool, star, max_tokens)
         wait_until(
-            lambda: all(metrics(star.urls[i])["starsd_target_generated_tokens_total"] > 0 for i in affected)
-            and all(
-                metrics(star.urls[i])["starsd_target_generated_tokens_total"]
-                > before[i]["starsd_target_generated_tokens_total"]
-                for i in affected
+            lambda: (
+                all(metrics(star.urls[i])["starsd_target_generated_tokens_total"] > 0 for i in affected)
+                and all(
+                    metrics(star.urls[i])["starsd_target_generated_tokens_total"]
+                    > before[i]["starsd_target_generated_tokens_total"]
+                    for i in affected
+                )
             ),
             "the affected targets are generating",
         )
@@ -166,8 +168,9 @@ def test_killing_a_draft_moves_its_targets_to_the_other(star: LocalStar, referen
         assert after["starsd_target_fallback_tokens_total"] == moved[i]["starsd_target_fallback_tokens_total"]
         # ... while the target kept generating on the other draft's proposals after it moved.
         if after["starsd_target_generated_tokens_total"] > moved[i]["starsd_target_generated_tokens_total"]:
-            assert after["starsd_spec_decode_num_draft_tokens_total"] > (
-                moved[i]["starsd_spec_decode_num_draft_tokens_total"]
+            assert (
+                after["starsd_spec_decode_num_draft_tokens_total"]
+                > (moved[i]["starsd_spec_decode_num_draft_tokens_total"])
             )
     for i in others:  # the survivor's own targets never moved
         status = ready(star.urls[i])
