@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from starsd import cli
 from starsd.assignment import ordered_drafts
 from starsd.proto import starsd_pb2 as pb
 from starsd.verifier.draft_pool import DraftListError, DraftPolicy, Reason, has_room, parse_draft_addresses
@@ -164,3 +167,31 @@ def test_every_target_of_a_lost_draft_has_a_live_draft_next() -> None:
         attempts = policy.attempts()
         assert attempts[0] == 0 and sorted(attempts) == [0, 1, 2]
         assert order[attempts[1]] != order[0]
+
+
+# --- the command line ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("draft", "says"),
+    [("a:1,,b:2", "entry 2 is empty"), ("a:1,b", "has no port"), ("a:1,a:1", "listed twice")],
+)
+def test_the_target_refuses_a_malformed_list_before_loading_its_model(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, draft: str, says: str
+) -> None:
+    missing = tmp_path / "no-such-model"  # never reached: the list is checked first
+    assert cli.main(["target", "--model", str(missing), "--draft", draft]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("starsd: error: --draft") and says in err
+
+
+def test_the_target_help_describes_the_list(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["target", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "HOST:PORT[,HOST:PORT...]" in text and "comma-separated list of every draft" in text
+
+
+def test_local_refuses_no_drafts(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["local", "--drafts", "0"]) == 2
+    assert "--drafts must be >= 1" in capsys.readouterr().err
