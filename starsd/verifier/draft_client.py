@@ -232,8 +232,8 @@ class DraftClient:
         while True:
             stream = await self._connect()
             if stream is None:
-                if self.incompatible:
-                    log.error("no draft shares this target's vocabulary: %s", self.last_error)
+                if self.incompatible and len(self.policy.order) > 1:  # each draft's reason is logged already
+                    log.error("none of the %d drafts shares this target's vocabulary", len(self.policy.order))
                 await asyncio.sleep(self.options.backoff_max if self.incompatible else backoff)
                 backoff = min(self.options.backoff_max, backoff * 2)
                 continue
