@@ -1,4 +1,4 @@
-"""A star on this machine: one draft process and N target processes on loopback.
+"""A star on this machine: one draft process (or several) and N target processes on loopback.
 
 Used by ``starsd local``, ``starsd demo``, the benchmarks and the integration tests, so that they all run the
 real servers the way Kubernetes does: one process each, talking gRPC and HTTP.
@@ -97,11 +97,15 @@ class Proc:
 
 @dataclass
 class LocalStar:
-    """One draft and ``targets`` targets as processes on loopback; a context manager that always cleans up."""
+    """``drafts`` drafts and ``targets`` targets as processes on loopback; a context manager that always cleans up.
+
+    With several drafts every target is given the whole list (draft 0 first), as the operator does, and picks its
+    own draft from its ordinal (see :mod:`starsd.assignment`)."""
 
     draft_model: Path | None = None  # None with emulate_service_time
     target_model: Path | None = None
     targets: int = 4
+    drafts: int = 1
     gamma: int = defaults.GAMMA
     host: str = "127.0.0.1"
     draft_args: list[str] = field(default_factory=list)
@@ -113,6 +117,8 @@ class LocalStar:
     dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.drafts < 1:
+            raise ValueError(f"a star needs at least one draft, got drafts={self.drafts}")
         models = default_models_dir()
         if self.draft_model is None and self.emulate_service_time is None:
             self.draft_model = models / "draft"
@@ -121,21 +127,40 @@ class LocalStar:
         self._own_log_dir = self.log_dir is None
         self.log_dir = Path(self.log_dir or tempfile.mkdtemp(prefix="starsd-local-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)  # a --log-dir that does not exist yet is made
-        self.draft_port = free_port(self.host)
-        self.metrics_port = free_port(self.host)
+        self.draft_ports = [free_port(self.host) for _ in range(self.drafts)]
+        self.metrics_ports = [free_port(self.host) for _ in range(self.drafts)]
+        self.draft_port, self.metrics_port = self.draft_ports[0], self.metrics_ports[0]  # draft 0's
         self.target_ports = [free_port(self.host) for _ in range(self.targets)]
-        self.draft: Proc | None = None
+        self.draft_procs: list[Proc | None] = [None] * self.drafts
         self.target_procs: list[Proc] = []
 
     # --- addresses -------------------------------------------------------------------------------------
 
     @property
+    def draft(self) -> Proc | None:
+        """Draft 0's process."""
+        return self.draft_procs[0]
+
+    @property
     def draft_address(self) -> str:
-        return f"{self.host}:{self.draft_port}"
+        """Draft 0's gRPC address."""
+        return self.draft_addresses[0]
+
+    @property
+    def draft_addresses(self) -> list[str]:
+        return [f"{self.host}:{p}" for p in self.draft_ports]
 
     @property
     def load_url(self) -> str:
-        return f"http://{self.host}:{self.metrics_port}/v1/load"
+        """Draft 0's ``/v1/load``."""
+        return self.load_urls[0]
+
+    @property
+    def load_urls(self) -> list[str]:
+        return [f"http://{self.host}:{p}/v1/load" for p in self.metrics_ports]
+
+    def _draft_ready_url(self, i: int) -> str:
+        return f"http://{self.host}:{self.metrics_ports[i]}/readyz"
 
     @property
     def urls(self) -> list[str]:
@@ -149,19 +174,20 @@ class LocalStar:
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
-    def _draft_proc(self) -> Proc:
-        argv = [sys.executable, "-m", "starsd.cli", "draft", "--host", self.host, "--port", str(self.draft_port)]
-        argv += ["--metrics-port", str(self.metrics_port)]
+    def _draft_proc(self, i: int = 0) -> Proc:
+        argv = [sys.executable, "-m", "starsd.cli", "draft", "--host", self.host, "--port", str(self.draft_ports[i])]
+        argv += ["--metrics-port", str(self.metrics_ports[i])]
         if self.emulate_service_time is not None:
             argv += ["--emulate-service-time", str(self.emulate_service_time)]
         else:
             argv += ["--model", str(self.draft_model), "--device", self.device, "--dtype", self.dtype]
         assert self.log_dir is not None
-        return Proc("draft", argv + self.draft_args, self.log_dir / "draft.log")
+        name = "draft" if self.drafts == 1 else f"draft-{i}"
+        return Proc(name, argv + self.draft_args, self.log_dir / f"{name}.log")
 
     def _target_proc(self, i: int, port: int) -> Proc:
         argv = [sys.executable, "-m", "starsd.cli", "target", "--model", str(self.target_model)]
-        argv += ["--draft", self.draft_address, "--host", self.host, "--port", str(port)]
+        argv += ["--draft", ",".join(self.draft_addresses), "--host", self.host, "--port", str(port)]
         argv += ["--gamma", str(self.gamma), "--id", f"target-{i}", "--device", self.device, "--dtype", self.dtype]
         assert self.log_dir is not None
         return Proc(f"target-{i}", argv + self.target_args, self.log_dir / f"target-{i}.log")
@@ -169,14 +195,18 @@ class LocalStar:
     def start(self, timeout: float = 300.0, wait_draft_link: bool = True) -> LocalStar:
         """Start every process at once and wait until each is ready (and each target reached the draft)."""
         env = self._env()
-        self.draft = self._draft_proc()
-        self.draft.start(env)
+        self.draft_procs = [self._draft_proc(i) for i in range(self.drafts)]
+        for draft in self.draft_procs:
+            assert draft is not None
+            draft.start(env)
         self.target_procs = [self._target_proc(i, p) for i, p in enumerate(self.target_ports)]
         for proc in self.target_procs:
             proc.start(env)
         try:
             deadline = time.monotonic() + timeout
-            self._wait_ready(self.draft, f"http://{self.host}:{self.metrics_port}/readyz", deadline)
+            for i, draft in enumerate(self.draft_procs):
+                assert draft is not None
+                self._wait_ready(draft, self._draft_ready_url(i), deadline)
             for proc, url in zip(self.target_procs, self.urls, strict=True):
                 self._wait_ready(proc, f"{url}/readyz", deadline, need_draft=wait_draft_link)
         except BaseException:
@@ -197,26 +227,28 @@ class LocalStar:
             time.sleep(0.2)
         raise StartError(f"{proc.name} was not ready in time ({url}); its log ends with:\n{proc.log_tail()}")
 
-    def kill_draft(self, sig: int = signal.SIGKILL) -> None:
-        if self.draft:
-            self.draft.signal(sig)
-            self.draft.wait(10)
-            self.draft.close_log()
+    def kill_draft(self, i: int = 0, *, sig: int = signal.SIGKILL) -> None:
+        """Stop draft ``i`` (default: SIGKILL, no goodbye to its targets)."""
+        draft = self.draft_procs[i]
+        if draft:
+            draft.signal(sig)
+            draft.wait(10)
+            draft.close_log()
 
-    def restart_draft(self, timeout: float = 120.0) -> None:
-        """Start the draft again on the same ports (after :meth:`kill_draft`)."""
-        self.draft = self._draft_proc()
-        self.draft.start(self._env())
-        self._wait_ready(self.draft, f"http://{self.host}:{self.metrics_port}/readyz", time.monotonic() + timeout)
+    def restart_draft(self, i: int = 0, timeout: float = 120.0) -> None:
+        """Start draft ``i`` again on the same ports (after :meth:`kill_draft`)."""
+        draft = self.draft_procs[i] = self._draft_proc(i)
+        draft.start(self._env())
+        self._wait_ready(draft, self._draft_ready_url(i), time.monotonic() + timeout)
 
     def wait_linked(self, timeout: float = 120.0) -> None:
-        """Wait until every target is connected to the draft again (after :meth:`restart_draft`)."""
+        """Wait until every target is connected to a draft again (after :meth:`restart_draft`)."""
         deadline = time.monotonic() + timeout
         for proc, url in zip(self.target_procs, self.urls, strict=True):
             self._wait_ready(proc, f"{url}/readyz", deadline, need_draft=True)
 
     def stop(self, grace: float = 10.0) -> None:
-        procs = [p for p in [*self.target_procs, self.draft] if p is not None]
+        procs = [p for p in [*self.target_procs, *self.draft_procs] if p is not None]
         for proc in procs:
             proc.signal(signal.SIGTERM)
         end = time.monotonic() + grace

@@ -1,4 +1,4 @@
-"""``starsd local``: one draft and N targets on this machine, until Ctrl-C."""
+"""``starsd local``: one draft (or D) and N targets on this machine, until Ctrl-C."""
 
 from __future__ import annotations
 
@@ -12,6 +12,12 @@ from starsd.commands._common import add_gamma_arg, add_placement_args, fail, gam
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--targets", type=int, default=4, help="how many target servers (default 4)")
+    parser.add_argument(
+        "--drafts",
+        type=int,
+        default=1,
+        help="how many draft servers (default 1); with more, every target is given the list and picks its own",
+    )
     add_gamma_arg(parser)
     parser.add_argument("--draft-model", type=Path, help="draft checkpoint (default: the shipped models/draft)")
     parser.add_argument("--target-model", type=Path, help="target checkpoint (default: the shipped models/target)")
@@ -25,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.targets < 1:
         return fail("--targets must be >= 1")
+    if args.drafts < 1:
+        return fail("--drafts must be >= 1")
     if (problem := gamma_error(args.gamma)) is not None:
         return fail(problem)
     if (problem := placement_error(args)) is not None:
@@ -33,18 +41,24 @@ def run(args: argparse.Namespace) -> int:
         draft_model=args.draft_model,
         target_model=args.target_model,
         targets=args.targets,
+        drafts=args.drafts,
         gamma=args.gamma,
         host=args.host,
         log_dir=args.log_dir,
         device=args.device,
         dtype=args.dtype,
     )
-    print(f"starting 1 draft and {args.targets} targets (logs in {star.log_dir}) ...", flush=True)
+    drafts = "1 draft" if args.drafts == 1 else f"{args.drafts} drafts"
+    print(f"starting {drafts} and {args.targets} targets (logs in {star.log_dir}) ...", flush=True)
     try:
         star.start()
     except StartError as exc:
         return fail(str(exc))
-    print(f"draft    grpc://{star.draft_address}   load: {star.load_url}")
+    if args.drafts == 1:
+        print(f"draft    grpc://{star.draft_address}   load: {star.load_url}")
+    else:
+        for i, (address, load) in enumerate(zip(star.draft_addresses, star.load_urls, strict=True)):
+            print(f"draft-{i}  grpc://{address}   load: {load}")
     for i, url in enumerate(star.urls):
         print(f"target-{i} {url}/v1/completions")
     print("Ctrl-C stops them all.", flush=True)
@@ -53,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     try:
         while not stop.wait(1.0):
-            dead = [p.name for p in [star.draft, *star.target_procs] if p is not None and not p.alive()]
+            dead = [p.name for p in [*star.draft_procs, *star.target_procs] if p is not None and not p.alive()]
             if dead:
                 print(f"{', '.join(dead)} exited; stopping the star (logs in {star.log_dir})")
                 return 1

@@ -10,7 +10,9 @@ import socket
 from pathlib import Path
 
 from starsd import defaults
+from starsd.assignment import ordered_drafts
 from starsd.commands._common import add_gamma_arg, add_placement_args, fail, gamma_error, placement_error
+from starsd.verifier.draft_pool import PROBE_SECONDS, DraftListError, parse_draft_addresses
 
 log = logging.getLogger("starsd.target")  # the `starsd target` command's own log
 
@@ -18,7 +20,13 @@ log = logging.getLogger("starsd.target")  # the `starsd target` command's own lo
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, required=True, help="local Hugging Face checkpoint of the target")
     parser.add_argument(
-        "--draft", default="", metavar="HOST:PORT", help="the draft server; empty: decode alone (target-only)"
+        "--draft",
+        default="",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="the draft server, or a comma-separated list of every draft of the star (draft 0 first; the same "
+        "list on every target): this target uses the draft its --id's ordinal picks, moves to the next that "
+        "answers when it is gone and back when it returns with room; an empty entry, an entry without a port "
+        "or one listed twice is an error; empty: decode alone (target-only)",
     )
     parser.add_argument(
         "--port",
@@ -40,6 +48,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=defaults.DRAFT_TIMEOUT_SECONDS,
         help="seconds a round waits for the draft before decoding alone",
+    )
+    parser.add_argument(
+        "--draft-probe-interval",
+        type=float,
+        default=PROBE_SECONDS,
+        help="with several drafts: seconds between checks of this target's first-choice draft while it uses "
+        f"another (default {PROBE_SECONDS:g})",
     )
     parser.add_argument(
         "--draft-check-timeout",
@@ -124,6 +139,12 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"--gpu-memory-fraction must be in (0, 1], got {args.gpu_memory_fraction}")
     if (problem := placement_error(args)) is not None:
         return fail(problem)
+    try:
+        args.drafts = ordered_drafts(args.id, parse_draft_addresses(args.draft))
+    except DraftListError as exc:
+        return fail(str(exc))
+    if args.draft_probe_interval <= 0:
+        return fail(f"--draft-probe-interval must be > 0, got {args.draft_probe_interval}")
     from starsd.verifier.chat import load_chat_template
 
     try:
@@ -158,19 +179,34 @@ async def _serve(args: argparse.Namespace, loaded: object) -> int:
 
     assert isinstance(loaded, LoadedModel)
     client = None
-    if args.draft:
-        options = DraftClientOptions(deadline=args.draft_timeout, top_k=args.top_k, tls_ca=args.draft_tls_ca)
-        client = DraftClient(args.draft, args.id, loaded.fingerprint, loaded.vocab_size, options)
-        try:
-            check_draft_info(await client.fetch_info(args.draft_check_timeout), loaded.fingerprint, loaded.vocab_size)
-        except VocabularyMismatch as exc:
-            return fail(str(exc))
-        except grpc.aio.AioRpcError as exc:
-            log.warning(
-                "the draft at %s is not reachable yet (%s): decoding alone until it is",
-                args.draft,
-                exc.code().name,
-            )
+    if args.drafts:
+        options = DraftClientOptions(
+            deadline=args.draft_timeout,
+            top_k=args.top_k,
+            tls_ca=args.draft_tls_ca,
+            probe_interval=args.draft_probe_interval,
+        )
+        client = DraftClient(args.drafts, args.id, loaded.fingerprint, loaded.vocab_size, options)
+        # Every draft that answers must share the vocabulary; the target refuses to start only when none that
+        # answered does (with one draft: when it answers with another vocabulary, as always).
+        mismatches: list[str] = []
+        for address in args.drafts:
+            try:
+                info = await client.fetch_info(args.draft_check_timeout, address)
+                check_draft_info(info, loaded.fingerprint, loaded.vocab_size)
+                break
+            except VocabularyMismatch as exc:
+                log.error("the draft at %s cannot serve this target: %s", address, exc)
+                mismatches.append(str(exc))
+            except grpc.aio.AioRpcError as exc:
+                log.warning(
+                    "the draft at %s is not reachable yet (%s): decoding alone until a draft is",
+                    address,
+                    exc.code().name,
+                )
+        else:
+            if mismatches and len(mismatches) == len(args.drafts):
+                return fail(mismatches[0])
         client.start()
     kv_tokens = args.kv_cache_tokens or kv_budget_tokens(loaded, args.max_num_seqs, args.gpu_memory_fraction)
     batching = BatchOptions(args.max_num_seqs, kv_tokens, args.max_prefill_tokens)
@@ -198,7 +234,7 @@ async def _serve(args: argparse.Namespace, loaded: object) -> int:
         loaded.placement.describe(),
         args.host,
         args.port,
-        args.draft or "none",
+        ",".join(args.drafts) or "none",
         args.gamma,
         args.max_num_seqs,
         engine.budget.kv_tokens,

@@ -21,6 +21,7 @@ class DraftServicer(pb_grpc.DraftServicer):
 
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:
         info = self.core.proposer.info
+        load = self.core.load.snapshot(targets=len(self.core.streams), queue_depth=len(self.core.buffer))
         return pb.InfoResponse(
             model_name=info.model_name,
             vocab_size=info.vocab_size,
@@ -28,6 +29,9 @@ class DraftServicer(pb_grpc.DraftServicer):
             max_context=info.max_context,
             max_gamma=self.core.config.max_gamma,
             max_sessions=self.core.config.max_sessions,
+            utilization=load.utilization,
+            sessions=len(self.core.sessions),
+            targets=len(self.core.streams),
         )
 
     async def Propose(

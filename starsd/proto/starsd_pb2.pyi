@@ -77,17 +77,23 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_name", "vocab_size", "vocab_fingerprint", "max_context", "max_gamma", "max_sessions")
+    __slots__ = ("model_name", "vocab_size", "vocab_fingerprint", "max_context", "max_gamma", "max_sessions", "utilization", "sessions", "targets")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     MAX_GAMMA_FIELD_NUMBER: _ClassVar[int]
     MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     vocab_size: int
     vocab_fingerprint: str
     max_context: int
     max_gamma: int
     max_sessions: int
-    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., vocab_fingerprint: _Optional[str] = ..., max_context: _Optional[int] = ..., max_gamma: _Optional[int] = ..., max_sessions: _Optional[int] = ...) -> None: ...
+    utilization: float
+    sessions: int
+    targets: int
+    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., vocab_fingerprint: _Optional[str] = ..., max_context: _Optional[int] = ..., max_gamma: _Optional[int] = ..., max_sessions: _Optional[int] = ..., utilization: _Optional[float] = ..., sessions: _Optional[int] = ..., targets: _Optional[int] = ...) -> None: ...

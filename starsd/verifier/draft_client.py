@@ -14,8 +14,8 @@ import logging
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -25,6 +25,7 @@ from starsd.adaptive import AcceptanceEstimate, choose_gamma, ewma
 from starsd.proto import starsd_pb2 as pb
 from starsd.proto import starsd_pb2_grpc as pb_grpc
 from starsd.sampling import SamplingParams
+from starsd.verifier.draft_pool import PROBE_SECONDS, DraftPolicy, Reason, has_room
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class DraftClientOptions:
     cooldown_rounds: int = 8  # rounds decoded alone after a missed deadline before asking again
     top_k: int = defaults.PROPOSAL_TOP_K  # support of sampled proposals
     tls_ca: Path | None = None  # PEM CA bundle: talk TLS to the draft
+    probe_interval: float = PROBE_SECONDS  # seconds between probes of the first-choice draft while away from it
 
 
 def check_draft_info(info: pb.InfoResponse, fingerprint: str, vocab_size: int) -> None:
@@ -62,11 +64,50 @@ def check_draft_info(info: pb.InfoResponse, fingerprint: str, vocab_size: int) -
         )
 
 
+class NoRoom(RuntimeError):
+    """The first-choice draft answered a probe but reports no room for another target."""
+
+
+@dataclass
+class _Stream:
+    """One open Propose stream to one draft, with the answers it still owes."""
+
+    rank: int
+    address: str
+    model_name: str
+    channel: grpc.aio.Channel
+    queue: asyncio.Queue[pb.ProposeRequest | None]
+    call: AsyncIterator[pb.ProposeResponse]
+    pending: dict[tuple[int, int], asyncio.Future[pb.ProposeResponse | None]] = field(default_factory=dict)
+
+    def fail_pending(self) -> None:
+        """Answer every request still owed with None (the rounds decode alone)."""
+        for future in self.pending.values():
+            if not future.done():
+                future.set_result(None)
+        self.pending.clear()
+
+
 class DraftClient:
+    """The target's link to its drafts: one stream to one draft at a time, chosen by a :class:`DraftPolicy`.
+
+    ``address`` is one ``HOST:PORT`` or this target's ordered list of them (first choice first, see
+    :func:`starsd.assignment.ordered_drafts`). When the draft in use is gone the client moves to the next that
+    answers; while away from its first choice it probes it and moves back when it has room (docs/architecture.md,
+    "Several drafts"). Every move opens a new stream and bumps :attr:`generation`, so sessions start afresh there.
+    """
+
     def __init__(
-        self, address: str, target_id: str, fingerprint: str, vocab_size: int, options: DraftClientOptions
+        self,
+        address: str | Sequence[str],
+        target_id: str,
+        fingerprint: str,
+        vocab_size: int,
+        options: DraftClientOptions,
     ) -> None:
-        self.address = address
+        order = (address,) if isinstance(address, str) else tuple(address)
+        self.policy = DraftPolicy(order, options.probe_interval)
+        self.address = order[0]  # the draft in use, or the one last used or tried
         self.target_id = target_id
         self.fingerprint = fingerprint
         self.vocab_size = vocab_size
@@ -74,22 +115,41 @@ class DraftClient:
         self.connected = False
         self.generation = 0  # bumped on every new stream: sessions of an older one are gone on the draft
         self.last_error = ""
-        self.incompatible = False  # the draft serves another vocabulary: retrying cannot help until it changes
-        self._queue: asyncio.Queue[pb.ProposeRequest | None] = asyncio.Queue()
-        self._pending: dict[tuple[int, int], asyncio.Future[pb.ProposeResponse | None]] = {}
+        self.incompatible = False  # no draft shares the vocabulary: retrying cannot help until one changes
+        self._stream: _Stream | None = None
+        self._retiring: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
         self._session_ids = itertools.count(int.from_bytes(os.urandom(4), "big") << 20 | 1)
         self.demand: Callable[[], Demand] = Demand  # the engine sets its own reader
+        self.on_switch: Callable[[Reason], None] = lambda reason: None  # the engine counts moves in its metrics
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """This target's drafts, first choice first."""
+        return self.policy.order
+
+    @property
+    def rank(self) -> int | None:
+        """The position of the draft in use in :attr:`addresses` (0: the first choice); None when none is."""
+        return self._stream.rank if self._stream is not None and self.connected else None
 
     def _channel(self) -> grpc.aio.Channel:
+        """A channel to :attr:`address` (a subclass may open its own kind)."""
+        return self._channel_to(self.address)
+
+    def _channel_to(self, address: str) -> grpc.aio.Channel:
         options = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
         if self.options.tls_ca:
             creds = grpc.ssl_channel_credentials(root_certificates=self.options.tls_ca.read_bytes())
-            return grpc.aio.secure_channel(self.address, creds, options=options)
-        return grpc.aio.insecure_channel(self.address, options=options)
+            return grpc.aio.secure_channel(address, creds, options=options)
+        return grpc.aio.insecure_channel(address, options=options)
 
-    async def fetch_info(self, timeout: float) -> pb.InfoResponse:
-        async with self._channel() as channel:
+    def _open_channel(self, address: str) -> grpc.aio.Channel:
+        return self._channel() if address == self.address else self._channel_to(address)
+
+    async def fetch_info(self, timeout: float, address: str | None = None) -> pb.InfoResponse:
+        """The Info answer of ``address`` (default: :attr:`address`)."""
+        async with self._open_channel(address or self.address) as channel:
             info: pb.InfoResponse = await pb_grpc.DraftStub(channel).Info(pb.InfoRequest(), timeout=timeout)
             return info
 
@@ -97,54 +157,183 @@ class DraftClient:
         self._task = asyncio.create_task(self._run(), name="draft-client")
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
+        tasks = [t for t in (self._task, *self._retiring) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
 
     def new_session_id(self) -> int:
         return next(self._session_ids)
 
+    # --- the connection loop -------------------------------------------------------------------------
+
+    async def _open(self, rank: int, need_room: bool = False) -> _Stream:
+        """A new stream to draft ``rank``, after its vocabulary check (and, when moving back, its room check).
+        Raises grpc.aio.AioRpcError, VocabularyMismatch or NoRoom."""
+        address = self.policy.order[rank]
+        channel = self._open_channel(address)
+        try:
+            stub = pb_grpc.DraftStub(channel)
+            info = await stub.Info(pb.InfoRequest(), timeout=self.options.connect_timeout)
+            check_draft_info(info, self.fingerprint, self.vocab_size)
+            if need_room and not has_room(info):
+                raise NoRoom(
+                    f"the draft at {address} has no room (utilization {info.utilization:.2f}, "
+                    f"{info.sessions} of {info.max_sessions} sessions)"
+                )
+            queue: asyncio.Queue[pb.ProposeRequest | None] = asyncio.Queue()
+            call = stub.Propose(self._requests(queue))
+            return _Stream(rank, address, info.model_name, channel, queue, call)
+        except BaseException:
+            await channel.close(grace=None)
+            raise
+
+    async def _connect(self) -> _Stream | None:
+        """Try the drafts the policy lists, in order; the first that answers with the same vocabulary."""
+        mismatched = tried = 0
+        for rank in self.policy.attempts():
+            tried += 1
+            try:
+                return await self._open(rank)
+            except VocabularyMismatch as exc:
+                mismatched += 1
+                self.last_error = str(exc)
+                log.error("skipping the draft at %s: %s", self.policy.order[rank], exc)
+            except grpc.aio.AioRpcError as exc:
+                self.last_error = f"{self.policy.order[rank]}: {exc.code().name}: {exc.details()}"
+        self.incompatible = mismatched == tried
+        return None
+
+    def _use(self, stream: _Stream) -> None:
+        """Send every request on ``stream`` from now on (sessions start afresh there: a new generation)."""
+        previous = self.policy.describe(self.policy.last)
+        reason = self.policy.connected(stream.rank, time.monotonic())
+        self._stream = stream
+        self.address = stream.address
+        self.generation += 1
+        self.connected = True
+        self.incompatible = False
+        self.last_error = ""
+        if reason is None:
+            log.info("connected to the draft %r at %s", stream.model_name, self.policy.describe(stream.rank))
+            return
+        log.warning(
+            "moved from the draft at %s to the draft at %s: %s",
+            previous,
+            self.policy.describe(stream.rank),
+            "the first choice is back and has room" if reason is Reason.FIRST_CHOICE_BACK else "the draft was lost",
+        )
+        self.on_switch(reason)
+
     async def _run(self) -> None:
         backoff = self.options.backoff_initial
         while True:
-            channel = self._channel()
-            try:
-                stub = pb_grpc.DraftStub(channel)
-                info = await stub.Info(pb.InfoRequest(), timeout=self.options.connect_timeout)
-                check_draft_info(info, self.fingerprint, self.vocab_size)
-                self.incompatible = False
-                self._queue = asyncio.Queue()
-                call = stub.Propose(self._requests(self._queue))
-                self.generation += 1
-                self.connected = True
-                backoff = self.options.backoff_initial
-                log.info("connected to the draft %r at %s", info.model_name, self.address)
-                async for response in call:
-                    future = self._pending.pop((response.session_id, response.seq), None)
-                    if future is not None and not future.done():
-                        future.set_result(response)
-                self.last_error = "the draft closed the stream"
-            except VocabularyMismatch as exc:
-                self.last_error = str(exc)
-                self.incompatible = True
-                log.error("%s", exc)
-                backoff = self.options.backoff_max
-            except grpc.aio.AioRpcError as exc:
-                self.last_error = f"{exc.code().name}: {exc.details()}"
-            finally:
-                was_connected = self.connected
-                self.connected = False
-                self._queue.put_nowait(None)
-                for future in self._pending.values():
-                    if not future.done():
-                        future.set_result(None)
-                self._pending.clear()
-                await channel.close(grace=None)
-            if was_connected:
-                log.warning("lost the draft at %s (%s); decoding alone, reconnecting", self.address, self.last_error)
+            stream = await self._connect()
+            if stream is None:
+                if self.incompatible and len(self.policy.order) > 1:  # each draft's reason is logged already
+                    log.error("none of the %d drafts shares this target's vocabulary", len(self.policy.order))
+                await asyncio.sleep(self.options.backoff_max if self.incompatible else backoff)
+                backoff = min(self.options.backoff_max, backoff * 2)
+                continue
+            backoff = self.options.backoff_initial
+            self._use(stream)
+            await self._serve()
+            log.warning("lost the draft at %s (%s); decoding alone, reconnecting", self.address, self.last_error)
             await asyncio.sleep(backoff)
             backoff = min(self.options.backoff_max, backoff * 2)
+
+    async def _serve(self) -> None:
+        """Read the stream in use until it ends; meanwhile probe the first choice and move back to it."""
+        assert self._stream is not None
+        reader = asyncio.create_task(self._read(self._stream), name="draft-stream")
+        probe: asyncio.Task[_Stream | None] | None = None
+        try:
+            while True:
+                delay = self.policy.probe_delay(time.monotonic())
+                done, _ = await asyncio.wait({reader}, timeout=delay)
+                if reader in done:
+                    self.last_error = reader.result()
+                    self.connected = False
+                    self.policy.lost()
+                    return
+                # The probe runs beside the reader: a probe that hangs (a first choice cut off by the network)
+                # must not hold back the failover of a stream that breaks meanwhile.
+                probe = asyncio.create_task(self._probe(), name="draft-probe")
+                await asyncio.wait({reader, probe}, return_when=asyncio.FIRST_COMPLETED)
+                if not probe.done():
+                    probe.cancel()
+                    await asyncio.wait({probe})
+                better = None if probe.cancelled() else probe.result()
+                if better is not None and not reader.done():
+                    old, old_reader = self._stream, reader
+                    self._use(better)
+                    reader = asyncio.create_task(self._read(better), name="draft-stream")
+                    self._retire(old, old_reader)
+                elif better is not None:  # the stream in use ended meanwhile: the next loop notices
+                    self._retire(better, None)
+        finally:
+            if probe is not None and not probe.done():
+                probe.cancel()
+            if not reader.done():
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
+            if self._stream is not None:
+                self._stream.queue.put_nowait(None)
+                self._stream.fail_pending()
+                await self._stream.channel.close(grace=None)
+            self.connected = False
+
+    async def _probe(self) -> _Stream | None:
+        """Ask the first choice whether it is back with room; a new stream to it if so."""
+        try:
+            stream = await self._open(0, need_room=True)
+        except (grpc.aio.AioRpcError, VocabularyMismatch, NoRoom) as exc:
+            self.policy.probed(time.monotonic(), answered=isinstance(exc, NoRoom), room=False)
+            if not isinstance(exc, grpc.aio.AioRpcError):
+                log.info("staying on the draft at %s: %s", self.address, exc)
+            return None
+        if self.policy.probed(time.monotonic(), answered=True, room=True):
+            return stream
+        self._retire(stream, None)
+        return None
+
+    def _retire(self, stream: _Stream, reader: asyncio.Task[str] | None) -> None:
+        """Close a stream no longer used, after it answered what it owes (so no round in flight is lost)."""
+
+        async def retire() -> None:
+            stream.queue.put_nowait(None)  # half-close: the draft answers what it holds, then ends the stream
+            try:
+                if reader is not None:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(reader), self.options.deadline + 1.0)
+            finally:
+                if reader is not None and not reader.done():
+                    reader.cancel()
+                stream.fail_pending()
+                await stream.channel.close(grace=None)
+
+        task = asyncio.create_task(retire(), name="draft-stream-retire")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _read(self, stream: _Stream) -> str:
+        """Deliver the stream's answers to their rounds; returns why the stream ended."""
+        try:
+            async for response in stream.call:
+                future = stream.pending.pop((response.session_id, response.seq), None)
+                if future is not None and not future.done():
+                    future.set_result(response)
+            return "the draft closed the stream"
+        except grpc.aio.AioRpcError as exc:
+            return f"{exc.code().name}: {exc.details()}"
+        except Exception as exc:  # the connection loop must outlive any stream
+            log.exception("the stream to the draft at %s failed", stream.address)
+            return f"{type(exc).__name__}: {exc}"
+        finally:
+            stream.fail_pending()
 
     @staticmethod
     async def _requests(queue: asyncio.Queue[pb.ProposeRequest | None]) -> AsyncIterator[pb.ProposeRequest]:
@@ -157,18 +346,20 @@ class DraftClient:
 
     def send(self, req: pb.ProposeRequest) -> asyncio.Future[pb.ProposeResponse | None] | None:
         """Queue a request on the live stream; the future resolves with its answer (None if the stream dies)."""
-        if not self.connected:
+        stream = self._stream
+        if not self.connected or stream is None:
             return None
         future: asyncio.Future[pb.ProposeResponse | None] = asyncio.get_running_loop().create_future()
         if req.release:
             future.set_result(None)
         else:
-            self._pending[(req.session_id, req.seq)] = future
-        self._queue.put_nowait(req)
+            stream.pending[(req.session_id, req.seq)] = future
+        stream.queue.put_nowait(req)
         return future
 
     def forget(self, session_id: int, seq: int) -> None:
-        self._pending.pop((session_id, seq), None)
+        if self._stream is not None:
+            self._stream.pending.pop((session_id, seq), None)
 
 
 def proposal_fault(response: pb.ProposeResponse, gamma: int, vocab_size: int, sampled: bool) -> str | None:

@@ -140,6 +140,7 @@ class TargetEngine:
         self.step_seconds = 0.0  # the last step's time: the verify time reported to the draft
         if self.draft is not None:
             self.draft.demand = self.demand
+            self.draft.on_switch = self.metrics.draft_switched
 
     def demand(self) -> Demand:
         """Running and waiting completions and the batch's occupancy, as reported to the draft."""

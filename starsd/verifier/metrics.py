@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from starsd.verifier.draft_pool import Reason
+
 # vLLM's buckets for its request latency histograms (seconds).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
@@ -89,6 +91,19 @@ class TargetMetrics:
         self.rounds = Counter("starsd_target_rounds", "Verification rounds", registry=r)
         self.active = Gauge("starsd_target_active_requests", "Completions in progress", registry=r)
         self.draft_connected = Gauge("starsd_target_draft_connected", "1 while the draft stream is up", registry=r)
+        self.draft_switches = Counter(
+            "starsd_target_draft_switches",
+            "Moves from one draft to another (reason: draft_lost, first_choice_back)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in Reason:  # every series exists from the start, at 0
+            self.draft_switches.labels(reason=str(reason))
+        self.draft_rank = Gauge(
+            "starsd_target_draft_rank",
+            "Position of the draft in use in this target's order (0: its first choice; -1: none)",
+            registry=r,
+        )
         self.verify_seconds = Histogram(
             "starsd_target_verify_seconds",
             "Target model step time (one forward pass over every ready session, and verification)",
@@ -101,6 +116,10 @@ class TargetMetrics:
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0),
             registry=r,
         )
+
+    def draft_switched(self, reason: Reason) -> None:
+        """This target moved to another draft (see starsd.verifier.draft_pool)."""
+        self.draft_switches.labels(reason=str(reason)).inc()
 
     def prompt_tokens(self, tokens: int) -> None:
         self.vllm.prompt_tokens.labels(self.model_name).inc(tokens)

@@ -114,20 +114,28 @@ class TargetApp:
     async def healthz(self, _: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
-    async def readyz(self, _: web.Request) -> web.Response:
+    def _draft_status(self) -> dict[str, Any]:
+        """The draft link as /readyz and /v1/models report it: whether it is up, the draft in use and its rank
+        in this target's order (0: the first choice), and the whole order."""
         draft = self.engine.draft
-        return web.json_response(
-            {
-                "status": "ready",
-                "draft_connected": bool(draft and draft.connected),
-                "draft_error": (draft.last_error if draft and not draft.connected else ""),
-                "draft_incompatible": bool(draft and draft.incompatible),
-            }
-        )
+        connected = bool(draft and draft.connected)
+        return {
+            "draft_connected": connected,
+            "draft_error": (draft.last_error if draft and not draft.connected else ""),
+            "draft_incompatible": bool(draft and draft.incompatible),
+            "draft_address": draft.address if draft and connected else "",
+            "draft_rank": draft.rank if draft else None,
+            "drafts": list(draft.addresses) if draft else [],
+        }
+
+    async def readyz(self, _: web.Request) -> web.Response:
+        return web.json_response({"status": "ready", **self._draft_status()})
 
     async def metrics(self, _: web.Request) -> web.Response:
         draft = self.engine.draft
         self.engine.metrics.draft_connected.set(1 if draft and draft.connected else 0)
+        rank = draft.rank if draft else None
+        self.engine.metrics.draft_rank.set(-1 if rank is None else rank)
         self.engine.metrics.scheduler_state(self.engine.budget.running, self.engine.budget.waiting)
         body = generate_latest(self.engine.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -147,6 +155,7 @@ class TargetApp:
                 "dtype": str(self.engine.loaded.placement.dtype).removeprefix("torch."),
                 "max_num_seqs": self.engine.budget.max_num_seqs,
                 "kv_cache_tokens": self.engine.budget.kv_tokens,
+                **self._draft_status(),
             },
         }
 
