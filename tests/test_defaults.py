@@ -63,6 +63,7 @@ EXPECTED: dict[str, dict[str, Any]] = {
     "imagePolicy": {"default": d.IMAGE_POLICIES[0], "enum": list(d.IMAGE_POLICIES)},
     **{f"{role}.{k}": v for role in ("draft", "target") for k, v in LIFECYCLE.items()},
     "draft.disruption.maxUnavailable": {"default": d.MAX_UNAVAILABLE},
+    "draft.replicas": {"default": d.DRAFT_REPLICAS, "minimum": d.DRAFT_REPLICAS_MIN, "maximum": d.DRAFT_REPLICAS_MAX},
     "draft.dtype": {"default": d.DTYPES[0], "enum": list(d.DTYPES)},
     "draft.maxBatch": {
         "default": d.DRAFT_MAX_BATCH,
@@ -93,6 +94,8 @@ EXPECTED: dict[str, dict[str, Any]] = {
     "autoscaling.enabled": {"default": False},
     "autoscaling.minTargets": {"default": d.MIN_TARGETS, "minimum": 0},
     "autoscaling.maxTargets": {"default": d.MAX_TARGETS, "minimum": 0},
+    "autoscaling.minDrafts": {"default": d.MIN_DRAFTS, "minimum": d.DRAFT_REPLICAS_MIN, "maximum": d.DRAFT_REPLICAS_MAX},
+    "autoscaling.maxDrafts": {"default": d.MAX_DRAFTS, "minimum": d.DRAFT_REPLICAS_MIN, "maximum": d.DRAFT_REPLICAS_MAX},
     "autoscaling.underloadedUtilization": _fraction(d.UNDERLOADED_UTILIZATION),
     "autoscaling.saturatedUtilization": _fraction(d.SATURATED_UTILIZATION),
     "autoscaling.scaleInOccupancy": _fraction(d.SCALE_IN_OCCUPANCY),

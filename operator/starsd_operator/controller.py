@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from . import children, churn, conditions, imagepolicy, loadclient, naming, pools, rebalancer, rollout, status
+from . import children, churn, conditions, draft, imagepolicy, loadclient, naming, pools, rebalancer, rollout, status
 from . import constants as c
 from .kube import Kube, KubeError
 from .naming import Owner
@@ -72,8 +72,9 @@ def owner_of(body: Mapping[str, Any]) -> Owner:
 def reconcile(
     kube: Kube, body: Mapping[str, Any], config: Config, memory: Memory, *, now: float | None = None
 ) -> list[Event]:
-    """Apply every desired child, then delete the pools' children the spec no longer lists; returns the
-    Normal Events of what changed (children created, workloads scaled, stale children deleted). Each pool's
+    """Apply every desired child, then delete the pools' children the spec no longer lists and a draft
+    Deployment an older operator made; returns the Normal Events of what changed (children created, workloads
+    scaled, stale children deleted). Each pool's
     StatefulSet gets the partition :mod:`.rollout` decides from what runs now (``now``: the clock, seconds).
 
     Raises :class:`SpecError` or :class:`KubeError`; the error is also kept in ``memory`` so the next tick
@@ -93,6 +94,7 @@ def reconcile(
             kube.apply(obj)
         events = change_events(before, wanted)
         events += _delete_stale(kube, owner, wanted)
+        events += _replace_legacy_draft(kube, owner, before)
     except (SpecError, KubeError) as exc:
         memory.reconcile_error = (generation, str(exc))
         raise
@@ -100,6 +102,7 @@ def reconcile(
     return events
 
 
+# Deployment: only the draft Deployment of an operator before several drafts, to replace it.
 CHILD_KINDS = ("Service", "NetworkPolicy", "Deployment", "StatefulSet", "PodDisruptionBudget")
 
 
@@ -125,7 +128,9 @@ def cluster_images(
     running: dict[str, str | None] = {}
     if not recorded:
         if spec.draft.image is None:
-            running["draft"] = imagepolicy.container_image(existing.get(("Deployment", naming.draft_name(owner))))
+            drafts = existing.get(("StatefulSet", naming.draft_statefulset_name(owner)))
+            legacy = existing.get(("Deployment", draft.legacy_deployment(owner)))
+            running["draft"] = imagepolicy.container_image(drafts) or imagepolicy.container_image(legacy)
         if spec.target.image is None:
             sets = [existing.get(("StatefulSet", naming.pool_name(owner, p.name))) for p in spec.pools]
             running["target"] = next((i for i in map(imagepolicy.container_image, sets) if i), None)
@@ -176,6 +181,23 @@ def _delete_stale(kube: Kube, owner: Owner, wanted: list[dict[str, Any]]) -> lis
                 kube.delete(kind, owner.namespace, str(meta.get("name")))
                 events.append(Event("Normal", c.EVENT_DELETED, f"deleted {kind} {meta.get('name')}: its pool {why}"))
     return events
+
+
+def _replace_legacy_draft(kube: Kube, owner: Owner, before: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[Event]:
+    """Delete the draft Deployment an operator before several drafts made, now that the draft StatefulSet is
+    applied (the caller applied it first). Its pod goes first, as a Recreate would: on a node with one GPU the
+    StatefulSet's pod waits for it. Idempotent, so a restart between the apply and the delete converges."""
+    name = draft.legacy_deployment(owner)
+    old = before.get(("Deployment", name))
+    if old is None:
+        return []
+    refs = (old.get("metadata") or {}).get("ownerReferences") or []
+    if not any(ref.get("uid") == owner.uid for ref in refs):
+        return []
+    sts = naming.draft_statefulset_name(owner)
+    log.info("deleting Deployment %s/%s: the drafts run in StatefulSet %s now", owner.namespace, name, sts)
+    kube.delete("Deployment", owner.namespace, name)
+    return [Event("Normal", c.EVENT_DELETED, f"deleted Deployment {name}: the drafts run in StatefulSet {sts} now")]
 
 
 def plan_rollouts(
@@ -269,10 +291,11 @@ def _partition(sts: Mapping[str, Any]) -> int:
 
 
 def observe(kube: Kube, owner: Owner) -> status.Children:
-    """The cluster's workloads and pods, by label."""
+    """The cluster's workloads and pods, by label: the drafts' and the pools' StatefulSets (and a draft
+    Deployment left by an older operator)."""
     return status.Children(
         deployments=kube.list("Deployment", owner.namespace, naming.owned_selector(owner, c.COMPONENT_DRAFT)),
-        statefulsets=kube.list("StatefulSet", owner.namespace, naming.owned_selector(owner, c.COMPONENT_TARGET)),
+        statefulsets=kube.list("StatefulSet", owner.namespace, naming.owned_selector(owner)),
         pods=kube.list("Pod", owner.namespace, naming.owned_selector(owner)),
     )
 
@@ -369,8 +392,8 @@ def _repair(
         return observed, []
     if body["metadata"].get("deletionTimestamp"):  # going away: its children are being collected
         return observed, []
-    names = [naming.draft_name(owner)] + [naming.pool_name(owner, p.name) for p in spec.pools]
-    present = {(o.get("metadata") or {}).get("name") for o in [*observed.deployments, *observed.statefulsets]}
+    names = [naming.draft_statefulset_name(owner)] + [naming.pool_name(owner, p.name) for p in spec.pools]
+    present = {(o.get("metadata") or {}).get("name") for o in observed.statefulsets}
     if all(n in present for n in names):
         return observed, []
     log.info("children of %s/%s are missing; applying them again", owner.namespace, owner.name)
@@ -434,8 +457,8 @@ def _rebalance(
         f"HorizontalPodAutoscaler {hpa} scales this cluster; the rebalancer steps aside while it exists",
         hpa is not None,
     )
-    deployment = obs.children.named("Deployment", naming.draft_name(owner))
-    draft_up = int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0) >= 1
+    drafts = obs.children.named("StatefulSet", naming.draft_statefulset_name(owner))
+    draft_up = int(((drafts or {}).get("status") or {}).get("readyReplicas") or 0) >= 1
     if not overridden and not draft_up:
         return replace(obs, load_error="the draft is not ready", external_autoscaler=hpa), events
     try:
