@@ -160,9 +160,8 @@ def test_an_old_draft_deployment_is_deleted_once_the_draft_statefulset_is_applie
     assert ("StatefulSet", "ml", "chat-draft") in kube.objects
     assert ("Deployment", "ml", "chat-draft") not in kube.objects
     assert kube.deleted == [("Deployment", "chat-draft")]
-    assert ("Normal", c.EVENT_DELETED, "deleted Deployment chat-draft: the drafts run in StatefulSet chat-draft now") in (
-        reasons(events)
-    )
+    message = "deleted Deployment chat-draft: the drafts run in StatefulSet chat-draft now"
+    assert ("Normal", c.EVENT_DELETED, message) in reasons(events)
     # The next reconcile (a restart, say) has nothing left to do.
     assert controller.reconcile(kube, f.body(), CONFIG, memory) == []
     assert kube.deleted == [("Deployment", "chat-draft")]
