@@ -54,12 +54,13 @@ def wait_ready(cluster: Cluster, namespace: str, name: str, replicas: int, timeo
 
 
 def statefulset_replicas(cluster: Cluster, namespace: str, name: str) -> dict[str, int]:
-    """Pool name -> spec.replicas of that pool's StatefulSet."""
+    """Pool name -> spec.replicas of that pool's StatefulSet (the drafts' StatefulSet has no pool)."""
     sets = cluster.get("statefulsets", namespace=namespace)
     return {
         s["metadata"]["labels"]["starsd.io/pool"]: s["spec"]["replicas"]
         for s in sets
         if s["metadata"]["labels"].get("app.kubernetes.io/instance") == name
+        and s["metadata"]["labels"].get("app.kubernetes.io/component") == "target"
     }
 
 

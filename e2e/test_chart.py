@@ -32,7 +32,8 @@ DENIED = [
     # Verbs the operator never uses on what it does touch.
     ("get", "starsdclusters.starsd.io"),
     ("update", "starsdclusters.starsd.io/scale"),
-    ("delete", "deployments.apps"),
+    ("create", "deployments.apps"),
+    ("delete", "networkpolicies.networking.k8s.io"),
     ("watch", "pods"),
     ("patch", "events"),
     ("get", "namespaces"),

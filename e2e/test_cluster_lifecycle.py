@@ -27,9 +27,9 @@ def test_sample_creates_every_child_on_its_pool_and_becomes_ready(cluster: Clust
     obj = ssd.wait_ready(cluster, namespace, "chat", replicas=6)
 
     found = ssd.children(cluster, namespace, "chat")
-    assert found["deployments"] == ["chat-draft"]
-    assert found["statefulsets"] == ["chat-target-h100", "chat-target-l4"]
-    assert found["services"] == ["chat", "chat-draft", "chat-target-h100", "chat-target-l4"]
+    assert found["deployments"] == []
+    assert found["statefulsets"] == ["chat-draft", "chat-target-h100", "chat-target-l4"]
+    assert found["services"] == ["chat", "chat-draft", "chat-draft-pods", "chat-target-h100", "chat-target-l4"]
     assert ssd.statefulset_replicas(cluster, namespace, "chat") == {"h100": 4, "l4": 2}
     headless = cluster.get("service", "chat-target-h100", namespace)
     assert headless["spec"]["clusterIP"] == "None"
@@ -77,6 +77,7 @@ def test_replicas_are_split_by_weight_through_the_spec_and_the_scale_subresource
         p
         for p in cluster.get("pods", namespace=namespace)
         if any(r["kind"] == "StatefulSet" for r in p["metadata"].get("ownerReferences", []))
+        and p["metadata"]["labels"]["app.kubernetes.io/component"] == "target"
     ]
     assert sorted(p["metadata"]["name"] for p in selected) == sorted(p["metadata"]["name"] for p in owned_by_sets)
     assert len(selected) == 9
@@ -85,7 +86,7 @@ def test_replicas_are_split_by_weight_through_the_spec_and_the_scale_subresource
 def test_deleting_the_cluster_garbage_collects_every_child(cluster: Cluster, namespace: str) -> None:
     ssd.apply(cluster, namespace, ssd.sample("chat"))
     ssd.wait_ready(cluster, namespace, "chat", replicas=6)
-    assert all(ssd.children(cluster, namespace, "chat")[k] for k in ("deployments", "statefulsets", "services", "pods"))
+    assert all(ssd.children(cluster, namespace, "chat")[k] for k in ("statefulsets", "services", "pods"))
 
     cluster.kubectl("delete", ssd.RESOURCE, "chat", "-n", namespace, "--wait=false")
     wait_until(

@@ -49,6 +49,13 @@ def test_budgets_exist_count_their_pods_and_follow_the_replicas(cluster: Cluster
     cluster.kubectl("scale", ssd.RESOURCE, "pdb", "--replicas=3", "-n", namespace)
     expect(cluster, namespace, {"pdb-draft": 1, "pdb-target-h100": 2, "pdb-target-l4": 1})
 
+    # Several drafts: the draft's budget covers every draft pod and still lets one go at a time.
+    patch = '{"spec":{"draft":{"replicas":3}}}'
+    cluster.kubectl("patch", ssd.RESOURCE, "pdb", "-n", namespace, "--type=merge", "-p", patch)
+    found = expect(cluster, namespace, {"pdb-draft": 3, "pdb-target-h100": 2, "pdb-target-l4": 1})
+    assert found["pdb-draft"]["spec"]["maxUnavailable"] == 1
+    assert found["pdb-draft"]["status"]["disruptionsAllowed"] == 1
+
 
 def test_a_bad_max_unavailable_is_refused_by_the_api_server(cluster: Cluster, namespace: str) -> None:
     doc = ssd.sample("pdbbad")

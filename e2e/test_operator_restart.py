@@ -19,8 +19,8 @@ def test_operator_killed_mid_reconcile_converges_after_restart(
         wait_until(
             "the operator to start creating children",
             lambda: (
-                ssd.children(cluster, namespace, "chat")["deployments"]
-                or ssd.children(cluster, namespace, "chat")["statefulsets"]
+                ssd.children(cluster, namespace, "chat")["statefulsets"]
+                or ssd.children(cluster, namespace, "chat")["services"]
             ),
             timeout=60,
             interval=0.05,
@@ -41,9 +41,9 @@ def test_operator_killed_mid_reconcile_converges_after_restart(
         timeout=60,
     )
     found = ssd.children(cluster, namespace, "chat")
-    assert found["deployments"] == ["chat-draft"]
-    assert found["statefulsets"] == ["chat-target-h100"]
-    assert found["services"] == ["chat", "chat-draft", "chat-target-h100"]
+    assert found["deployments"] == []
+    assert found["statefulsets"] == ["chat-draft", "chat-target-h100"]
+    assert found["services"] == ["chat", "chat-draft", "chat-draft-pods", "chat-target-h100"]
 
     uid = obj["metadata"]["uid"]
     for kind in ("deployments", "statefulsets", "services", "networkpolicies"):

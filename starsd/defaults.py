@@ -50,6 +50,9 @@ DRAFT_TIMEOUT_SECONDS: Final = 2.0  # a round waits this long for the draft befo
 # --- The StarSDCluster resource (the CRD's defaults; the operator parses a spec with the same) ---------------
 IMAGE_POLICIES: Final = ("Pinned", "FollowOperator")
 TARGET_REPLICAS: Final = 1  # spec.targets.replicas
+DRAFT_REPLICAS: Final = 1  # spec.draft.replicas: draft pods, each serving its share of the targets
+DRAFT_REPLICAS_MIN: Final = 1
+DRAFT_REPLICAS_MAX: Final = 32  # starsd.assignment keeps the drafts' shares within 5 targets up to here
 POOL_WEIGHT: Final = 1
 POOL_WEIGHT_MAX: Final = 1000
 POOL_MIN_REPLICAS: Final = 0
@@ -78,6 +81,8 @@ PROGRESS_DEADLINE_SECONDS_MAX: Final = 7 * 86400
 # The rebalancer (spec.autoscaling)
 MIN_TARGETS: Final = 1
 MAX_TARGETS: Final = 16
+MIN_DRAFTS: Final = 1  # spec.autoscaling.minDrafts / maxDrafts: 1 and 1 keep one draft unless the user opts in
+MAX_DRAFTS: Final = 1
 UNDERLOADED_UTILIZATION: Final = 0.7
 SATURATED_UTILIZATION: Final = 0.9
 SCALE_IN_OCCUPANCY: Final = 0.1

@@ -57,12 +57,15 @@ def _rules(window: int, step: int) -> dict[str, dict[str, Any]]:
     }
 
 
+DRAFT_RANGE = {"minimum": d.DRAFT_REPLICAS_MIN, "maximum": d.DRAFT_REPLICAS_MAX}
+
 # Every default, minimum, maximum and enum under spec that the CRD declares, by field path; the test below
 # also fails on a CRD default missing here, so a new one cannot slip past this module.
 EXPECTED: dict[str, dict[str, Any]] = {
     "imagePolicy": {"default": d.IMAGE_POLICIES[0], "enum": list(d.IMAGE_POLICIES)},
     **{f"{role}.{k}": v for role in ("draft", "target") for k, v in LIFECYCLE.items()},
     "draft.disruption.maxUnavailable": {"default": d.MAX_UNAVAILABLE},
+    "draft.replicas": {"default": d.DRAFT_REPLICAS, **DRAFT_RANGE},
     "draft.dtype": {"default": d.DTYPES[0], "enum": list(d.DTYPES)},
     "draft.maxBatch": {
         "default": d.DRAFT_MAX_BATCH,
@@ -93,6 +96,8 @@ EXPECTED: dict[str, dict[str, Any]] = {
     "autoscaling.enabled": {"default": False},
     "autoscaling.minTargets": {"default": d.MIN_TARGETS, "minimum": 0},
     "autoscaling.maxTargets": {"default": d.MAX_TARGETS, "minimum": 0},
+    "autoscaling.minDrafts": {"default": d.MIN_DRAFTS, **DRAFT_RANGE},
+    "autoscaling.maxDrafts": {"default": d.MAX_DRAFTS, **DRAFT_RANGE},
     "autoscaling.underloadedUtilization": _fraction(d.UNDERLOADED_UTILIZATION),
     "autoscaling.saturatedUtilization": _fraction(d.SATURATED_UTILIZATION),
     "autoscaling.scaleInOccupancy": _fraction(d.SCALE_IN_OCCUPANCY),
@@ -164,6 +169,7 @@ def test_the_charts_sample_values_use_the_defaults() -> None:
     assert (target["gamma"], target["adaptiveGamma"], target["dtype"]) == (d.GAMMA, False, d.DTYPES[0])
     assert (target["maxNumSeqs"], target["maxPrefillTokens"]) == (d.MAX_NUM_SEQS, d.MAX_PREFILL_TOKENS)
     assert (auto["minTargets"], auto["maxTargets"]) == (d.MIN_TARGETS, d.MAX_TARGETS)
+    assert (draft["replicas"], auto["minDrafts"], auto["maxDrafts"]) == (d.DRAFT_REPLICAS, d.MIN_DRAFTS, d.MAX_DRAFTS)
     assert (auto["underloadedUtilization"], auto["saturatedUtilization"]) == (
         d.UNDERLOADED_UTILIZATION,
         d.SATURATED_UTILIZATION,
@@ -191,6 +197,9 @@ def test_the_charts_values_schema_uses_the_limits() -> None:
         d.MAX_NUM_SEQS_MAX,
     )
     assert draft["dtype"]["enum"] == target["dtype"]["enum"] == list(d.DTYPES)
+    auto = cluster["autoscaling"]["properties"]
+    for field in (draft["replicas"], auto["minDrafts"], auto["maxDrafts"]):
+        assert (field["minimum"], field["maximum"]) == (d.DRAFT_REPLICAS_MIN, d.DRAFT_REPLICAS_MAX)
     assert draft["schedule"]["enum"] == list(d.DRAFT_SCHEDULES)
 
 
@@ -198,6 +207,7 @@ def test_the_charts_templates_fall_back_to_the_defaults() -> None:
     sample = (CHART / "templates" / "starsdcluster.yaml").read_text()
     fallbacks = dict(re.findall(r"^\s*(\w+): \{\{ \$c\.\w+\.\w+ \| default \"?(\w+)\"? \}\}$", sample, re.MULTILINE))
     assert fallbacks == {
+        "replicas": str(d.DRAFT_REPLICAS),
         "dtype": d.DTYPES[0],
         "maxBatch": str(d.DRAFT_MAX_BATCH),
         "schedule": d.DRAFT_SCHEDULES[0],

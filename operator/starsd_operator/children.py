@@ -14,9 +14,9 @@ from .spec import ClusterSpec, SpecError
 def desired(
     owner: Owner, spec: ClusterSpec, images: Images, partitions: Mapping[str, int] | None = None
 ) -> list[dict[str, Any]]:
-    """The draft's Deployment, Service, NetworkPolicy and PodDisruptionBudget, per pool a StatefulSet,
-    headless Service and (with replicas) PodDisruptionBudget, and the client Service; Services come before
-    the workloads that use their names. ``partitions`` holds each pool's StatefulSet partition (see
+    """The draft's StatefulSet, its headless and ClusterIP Services, NetworkPolicy and PodDisruptionBudget, per
+    pool a StatefulSet, headless Service and (with replicas) PodDisruptionBudget, and the client Service;
+    Services come before the workloads that use their names. ``partitions`` holds each pool's StatefulSet partition (see
     :mod:`.rollout`; 0 when absent).
 
     A pod template that asks for the star's own fields raises :class:`SpecError` naming the field."""
@@ -30,8 +30,9 @@ def _desired(owner: Owner, spec: ClusterSpec, images: Images, partitions: Mappin
     split = pools.split(spec.replicas, spec.pools)
     objs: list[dict[str, Any]] = [
         draft.service(owner),
+        draft.headless_service(owner),
         network.draft_policy(owner),
-        draft.deployment(owner, spec, images),
+        draft.statefulset(owner, spec, images),
         targets.client_service(owner),
     ]
     objs.append(disruption.draft_budget(owner, spec.draft.disruption))

@@ -18,6 +18,7 @@ from . import (
     children,
     churn,
     conditions,
+    draft,
     draftcount,
     imagepolicy,
     loadclient,
@@ -91,8 +92,9 @@ def owner_of(body: Mapping[str, Any]) -> Owner:
 def reconcile(
     kube: Kube, body: Mapping[str, Any], config: Config, memory: Memory, *, now: float | None = None
 ) -> list[Event]:
-    """Apply every desired child, then delete the pools' children the spec no longer lists; returns the
-    Normal Events of what changed (children created, workloads scaled, stale children deleted). Each pool's
+    """Apply every desired child, then delete the pools' children the spec no longer lists and a draft
+    Deployment an older operator made; returns the Normal Events of what changed (children created, workloads
+    scaled, stale children deleted). Each pool's
     StatefulSet gets the partition :mod:`.rollout` decides from what runs now (``now``: the clock, seconds).
 
     Raises :class:`SpecError` or :class:`KubeError`; the error is also kept in ``memory`` so the next tick
@@ -112,6 +114,7 @@ def reconcile(
             kube.apply(obj)
         events = change_events(before, wanted)
         events += _delete_stale(kube, owner, wanted)
+        events += _replace_legacy_draft(kube, owner, before)
     except (SpecError, KubeError) as exc:
         memory.reconcile_error = (generation, str(exc))
         raise
@@ -119,6 +122,7 @@ def reconcile(
     return events
 
 
+# Deployment: only the draft Deployment of an operator before several drafts, to replace it.
 CHILD_KINDS = ("Service", "NetworkPolicy", "Deployment", "StatefulSet", "PodDisruptionBudget")
 
 
@@ -144,7 +148,9 @@ def cluster_images(
     running: dict[str, str | None] = {}
     if not recorded:
         if spec.draft.image is None:
-            running["draft"] = imagepolicy.container_image(existing.get(("Deployment", naming.draft_name(owner))))
+            drafts = existing.get(("StatefulSet", naming.draft_statefulset_name(owner)))
+            legacy = existing.get(("Deployment", draft.legacy_deployment(owner)))
+            running["draft"] = imagepolicy.container_image(drafts) or imagepolicy.container_image(legacy)
         if spec.target.image is None:
             sets = [existing.get(("StatefulSet", naming.pool_name(owner, p.name))) for p in spec.pools]
             running["target"] = next((i for i in map(imagepolicy.container_image, sets) if i), None)
@@ -195,6 +201,23 @@ def _delete_stale(kube: Kube, owner: Owner, wanted: list[dict[str, Any]]) -> lis
                 kube.delete(kind, owner.namespace, str(meta.get("name")))
                 events.append(Event("Normal", c.EVENT_DELETED, f"deleted {kind} {meta.get('name')}: its pool {why}"))
     return events
+
+
+def _replace_legacy_draft(kube: Kube, owner: Owner, before: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[Event]:
+    """Delete the draft Deployment an operator before several drafts made, now that the draft StatefulSet is
+    applied (the caller applied it first). Its pod goes first, as a Recreate would: on a node with one GPU the
+    StatefulSet's pod waits for it. Idempotent, so a restart between the apply and the delete converges."""
+    name = draft.legacy_deployment(owner)
+    old = before.get(("Deployment", name))
+    if old is None:
+        return []
+    refs = (old.get("metadata") or {}).get("ownerReferences") or []
+    if not any(ref.get("uid") == owner.uid for ref in refs):
+        return []
+    sts = naming.draft_statefulset_name(owner)
+    log.info("deleting Deployment %s/%s: the drafts run in StatefulSet %s now", owner.namespace, name, sts)
+    kube.delete("Deployment", owner.namespace, name)
+    return [Event("Normal", c.EVENT_DELETED, f"deleted Deployment {name}: the drafts run in StatefulSet {sts} now")]
 
 
 def plan_rollouts(
@@ -288,10 +311,11 @@ def _partition(sts: Mapping[str, Any]) -> int:
 
 
 def observe(kube: Kube, owner: Owner) -> status.Children:
-    """The cluster's workloads and pods, by label."""
+    """The cluster's workloads and pods, by label: the drafts' and the pools' StatefulSets (and a draft
+    Deployment left by an older operator)."""
     return status.Children(
         deployments=kube.list("Deployment", owner.namespace, naming.owned_selector(owner, c.COMPONENT_DRAFT)),
-        statefulsets=kube.list("StatefulSet", owner.namespace, naming.owned_selector(owner, c.COMPONENT_TARGET)),
+        statefulsets=kube.list("StatefulSet", owner.namespace, naming.owned_selector(owner)),
         pods=kube.list("Pod", owner.namespace, naming.owned_selector(owner)),
     )
 
@@ -364,7 +388,7 @@ def tick(
         obs, rebalanced = _rebalance(kube, body, memory, spec, obs, now=now, fetch=fetch, config=config)
         events += rebalanced
     new = status.build(obs, previous, now)
-    if spec is not None and _draft_status_wanted(spec):
+    if spec is not None:
         drafts = draftcount.status(memory.draft_readings, memory.draft_decision, previous, now)["drafts"]
         new["drafts"] = {**(new.get("drafts") or {}), **drafts}
     patch = status.merge_patch(previous, new)
@@ -391,8 +415,8 @@ def _repair(
         return observed, []
     if body["metadata"].get("deletionTimestamp"):  # going away: its children are being collected
         return observed, []
-    names = [naming.draft_name(owner)] + [naming.pool_name(owner, p.name) for p in spec.pools]
-    present = {(o.get("metadata") or {}).get("name") for o in [*observed.deployments, *observed.statefulsets]}
+    names = [naming.draft_statefulset_name(owner)] + [naming.pool_name(owner, p.name) for p in spec.pools]
+    present = {(o.get("metadata") or {}).get("name") for o in observed.statefulsets}
     if all(n in present for n in names):
         return observed, []
     log.info("children of %s/%s are missing; applying them again", owner.namespace, owner.name)
@@ -510,11 +534,6 @@ def _rebalance(
                 "spec.targets.replicas changed while deciding; deciding again on fresh samples",
             )
     return replace(obs, decision=decision), events
-
-
-def _draft_status_wanted(spec: ClusterSpec) -> bool:
-    """Write ``status.drafts``' loads only once the spec knows ``draft.replicas`` (the CRD then has the fields)."""
-    return getattr(spec.draft, "replicas", None) is not None
 
 
 def _rebalance_drafts(

@@ -1,4 +1,11 @@
-"""The draft's Deployment and Service: one draft serving every target of the cluster over gRPC."""
+"""The drafts: a StatefulSet of ``spec.draft.replicas`` pods, a headless Service that names each pod, and the
+ClusterIP Service over any ready draft (kept for clients of the one-draft address).
+
+Every target lists all draft pods by their DNS names and connects to its own first (``starsd.assignment``,
+docs/architecture.md); a draft pod needs a stable name, so a StatefulSet, not a Deployment. Clusters made by
+an operator before several drafts have a draft Deployment of the same name: :func:`legacy_deployment` names
+it, and the reconcile deletes it once the StatefulSet exists.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,8 @@ from .naming import Owner
 from .spec import ClusterSpec
 
 
-def deployment(owner: Owner, spec: ClusterSpec, images: podspec.Images) -> dict[str, Any]:
+def statefulset(owner: Owner, spec: ClusterSpec, images: podspec.Images) -> dict[str, Any]:
+    """``spec.draft.replicas`` draft pods ``<name>-draft-0..D-1``, named in DNS by :func:`headless_service`."""
     draft = spec.draft
     container = podspec.container(
         name=c.COMPONENT_DRAFT,
@@ -44,13 +52,17 @@ def deployment(owner: Owner, spec: ClusterSpec, images: podspec.Images) -> dict[
     )
     return {
         "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": naming.metadata(owner, naming.draft_name(owner), c.COMPONENT_DRAFT),
+        "kind": "StatefulSet",
+        "metadata": naming.metadata(owner, naming.draft_statefulset_name(owner), c.COMPONENT_DRAFT),
         "spec": {
-            "replicas": 1,
-            # One draft usually holds a whole GPU: a surge pod would wait for a second one, so the old pod
-            # goes first. Targets fall back to decoding on their own while the new draft starts.
-            "strategy": {"type": "Recreate"},
+            "replicas": draft.replicas,
+            "serviceName": naming.draft_headless_name(owner),
+            # Drafts are independent of each other: start and stop them all at once.
+            "podManagementPolicy": "Parallel",
+            # A change replaces one draft pod at a time, the old pod first (it usually holds a whole GPU, so a
+            # surge pod would wait for a second one); its targets move to the other drafts meanwhile, or fall
+            # back to decoding on their own when it is the only one.
+            "updateStrategy": {"type": "RollingUpdate"},
             "revisionHistoryLimit": 5,
             "selector": {"matchLabels": naming.selector_labels(owner, c.COMPONENT_DRAFT)},
             "template": podtemplate.merge(
@@ -66,30 +78,50 @@ def deployment(owner: Owner, spec: ClusterSpec, images: podspec.Images) -> dict[
     }
 
 
+def legacy_deployment(owner: Owner) -> str:
+    """The name of the draft Deployment an operator before several drafts made (see :mod:`.controller`)."""
+    return naming.draft_name(owner)
+
+
 def service(owner: Owner) -> dict[str, Any]:
-    """gRPC for the targets, metrics (``/v1/load``, ``/metrics``) for the operator and Prometheus."""
+    """gRPC and metrics (``/v1/load``, ``/metrics``) of any ready draft pod, under the one-draft address."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": naming.metadata(owner, naming.draft_name(owner), c.COMPONENT_DRAFT),
-        "spec": {
-            "type": "ClusterIP",
-            "selector": naming.selector_labels(owner, c.COMPONENT_DRAFT),
-            "ports": [
-                {
-                    "name": "grpc",
-                    "port": c.DRAFT_GRPC_PORT,
-                    "targetPort": "grpc",
-                    "protocol": "TCP",
-                    "appProtocol": "grpc",
-                },
-                {
-                    "name": "metrics",
-                    "port": c.DRAFT_METRICS_PORT,
-                    "targetPort": "metrics",
-                    "protocol": "TCP",
-                    "appProtocol": "http",
-                },
-            ],
-        },
+        "spec": {"type": "ClusterIP", **_selector_and_ports(owner)},
+    }
+
+
+def headless_service(owner: Owner) -> dict[str, Any]:
+    """The StatefulSet's governing Service: ``<name>-draft-<i>.<this>.<namespace>.svc`` per ready draft pod
+    (a draft that is not ready has no address, so its targets try the next one)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": naming.metadata(owner, naming.draft_headless_name(owner), c.COMPONENT_DRAFT),
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": False, **_selector_and_ports(owner)},
+    }
+
+
+def _selector_and_ports(owner: Owner) -> dict[str, Any]:
+    """gRPC for the targets, metrics for the operator and Prometheus."""
+    return {
+        "selector": naming.selector_labels(owner, c.COMPONENT_DRAFT),
+        "ports": [
+            {
+                "name": "grpc",
+                "port": c.DRAFT_GRPC_PORT,
+                "targetPort": "grpc",
+                "protocol": "TCP",
+                "appProtocol": "grpc",
+            },
+            {
+                "name": "metrics",
+                "port": c.DRAFT_METRICS_PORT,
+                "targetPort": "metrics",
+                "protocol": "TCP",
+                "appProtocol": "http",
+            },
+        ],
     }

@@ -1,9 +1,8 @@
 """The number of drafts: the spec's counts, the ready drafts, and the status the draft decision records.
 
 D drafts keep ``D * N*`` targets busy (docs/architecture.md section 2); :func:`rebalancer.decide_drafts` decides
-the count, the controller patches ``spec.draft.replicas``. The spec's fields are read through the accessors here
-(``spec.draft.replicas``, ``spec.autoscaling.min_drafts`` / ``max_drafts``, each 1 when absent), so this module
-works with a spec that has them and one that does not.
+the count, the controller patches ``spec.draft.replicas`` (bounded by ``spec.autoscaling.minDrafts`` /
+``maxDrafts``).
 """
 
 from __future__ import annotations
@@ -20,26 +19,19 @@ from .spec import ClusterSpec
 from .status import Children
 
 
-def _count(obj: object, name: str) -> int:
-    value = getattr(obj, name, 1)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
-
-
 def replicas(spec: ClusterSpec) -> int:
-    """``spec.draft.replicas`` (1 when the spec has no such field)."""
-    return _count(spec.draft, "replicas")
+    """``spec.draft.replicas``: the draft pods asked for."""
+    return spec.draft.replicas
 
 
 def bounds(spec: ClusterSpec) -> tuple[int, int]:
-    """``(minDrafts, maxDrafts)`` of ``spec.autoscaling`` (1, 1 when absent: the draft count never moves)."""
-    lo = _count(spec.autoscaling, "min_drafts")
-    return lo, max(lo, _count(spec.autoscaling, "max_drafts"))
+    """``(minDrafts, maxDrafts)`` of ``spec.autoscaling`` (1, 1 by default: the draft count never moves)."""
+    return spec.autoscaling.min_drafts, max(spec.autoscaling.min_drafts, spec.autoscaling.max_drafts)
 
 
 def ready(children: Children, owner: Owner) -> int:
-    """Ready draft pods: the draft workload's ``readyReplicas`` (a StatefulSet, or the one-draft Deployment)."""
-    name = naming.draft_name(owner)
-    workload = children.named("StatefulSet", name) or children.named("Deployment", name)
+    """Ready draft pods: the draft StatefulSet's ``readyReplicas``."""
+    workload = children.named("StatefulSet", naming.draft_statefulset_name(owner))
     return int(((workload or {}).get("status") or {}).get("readyReplicas") or 0)
 
 

@@ -37,8 +37,14 @@ def child_name(*parts: str, limit: int = NAME_LIMIT) -> str:
 
 
 def draft_name(owner: Owner) -> str:
-    """The draft's Deployment, Service and NetworkPolicy."""
+    """The draft's Service, NetworkPolicy and PodDisruptionBudget (and the Deployment of operators before
+    several drafts, which the reconcile replaces)."""
     return child_name(owner.name, c.COMPONENT_DRAFT)
+
+
+def draft_statefulset_name(owner: Owner) -> str:
+    """The draft's StatefulSet: :func:`draft_name` unless that is too long for a StatefulSet's pods' labels."""
+    return child_name(owner.name, c.COMPONENT_DRAFT, limit=STATEFULSET_NAME_LIMIT)
 
 
 def pool_name(owner: Owner, pool: str) -> str:
@@ -61,13 +67,13 @@ def default_load_url(owner: Owner) -> str:
 
 
 def draft_headless_name(owner: Owner) -> str:
-    """The headless Service that gives each draft pod (``<draft_name>-<i>``) a DNS name of its own."""
+    """The headless Service that gives each draft pod (``<draft_statefulset_name>-<i>``) a DNS name of its own."""
     return child_name(owner.name, c.COMPONENT_DRAFT, "pods")
 
 
 def draft_pod_host(owner: Owner, ordinal: int) -> str:
     """The DNS name of draft pod ``ordinal``: ``<draft>-<i>.<headless>.<namespace>.svc``."""
-    return f"{draft_name(owner)}-{ordinal}.{draft_headless_name(owner)}.{owner.namespace}.svc"
+    return f"{draft_statefulset_name(owner)}-{ordinal}.{draft_headless_name(owner)}.{owner.namespace}.svc"
 
 
 def draft_endpoints(owner: Owner, replicas: int) -> list[str]:

@@ -44,8 +44,8 @@ PERMISSIONS: tuple[Permission, ...] = (
     _p(
         "apps",
         "deployments",
-        "list create patch",
-        "kube.apply (server-side apply: patch, create when absent); controller.observe",
+        "list delete",
+        "controller.observe; controller._replace_legacy_draft (the draft Deployment of an older operator)",
     ),
     _p(
         "apps",

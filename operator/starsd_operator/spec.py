@@ -47,6 +47,7 @@ class DraftSpec:
     pod_template: PodTemplate | None = None  # merged into the operator's pod (see .podtemplate)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)  # probes and grace period (see .lifecycle)
     disruption: Disruption = field(default_factory=Disruption)  # its PodDisruptionBudget (see .disruption)
+    replicas: int = defaults.DRAFT_REPLICAS  # draft pods; every target lists them all (see starsd.assignment)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,8 @@ class AutoscalingSpec:
     enabled: bool = False
     min_targets: int = defaults.MIN_TARGETS
     max_targets: int = defaults.MAX_TARGETS
+    min_drafts: int = defaults.MIN_DRAFTS  # the bounds of spec.draft.replicas while autoscaling is enabled
+    max_drafts: int = defaults.MAX_DRAFTS
     # The draft is under-loaded below this utilisation (it idles: more targets would feed it).
     underloaded_utilization: float = defaults.UNDERLOADED_UTILIZATION
     # The draft is saturated at or above this utilisation while requests queue at it.
@@ -144,6 +147,8 @@ def parse(spec: Mapping[str, Any]) -> ClusterSpec:
     if len(set(names)) != len(names):
         raise SpecError(f"spec.pools names must be unique, got {names}")
     targets = spec.get("targets") or {}
+    autoscaling = _autoscaling(spec.get("autoscaling") or {})
+    drafts = _draft_replicas(draft, autoscaling)
     return ClusterSpec(
         draft=DraftSpec(
             model=_model(draft, "spec.draft"),
@@ -155,6 +160,7 @@ def parse(spec: Mapping[str, Any]) -> ClusterSpec:
             pod_template=_pod_template(draft, "spec.draft"),
             lifecycle=_lifecycle(draft, "spec.draft"),
             disruption=_disruption(draft, "spec.draft"),
+            replicas=drafts,
         ),
         target=TargetSpec(
             model=_model(target, "spec.target"),
@@ -170,9 +176,25 @@ def parse(spec: Mapping[str, Any]) -> ClusterSpec:
         ),
         replicas=_int(targets, "replicas", "spec.targets", defaults.TARGET_REPLICAS, minimum=0),
         pools=pools,
-        autoscaling=_autoscaling(spec.get("autoscaling") or {}),
+        autoscaling=autoscaling,
         image_policy=_choice(spec, "imagePolicy", "spec", defaults.IMAGE_POLICIES),
     )
+
+
+def _draft_replicas(draft: Mapping[str, Any], autoscaling: AutoscalingSpec) -> int:
+    """``spec.draft.replicas``: within its range, and within minDrafts..maxDrafts while autoscaling is enabled
+    (the CRD's CEL rule; repeated here for an API server that does not run it)."""
+    lo, hi = defaults.DRAFT_REPLICAS_MIN, defaults.DRAFT_REPLICAS_MAX
+    value = _int(draft, "replicas", "spec.draft", defaults.DRAFT_REPLICAS, minimum=lo)
+    if value > hi:
+        raise SpecError(f"spec.draft.replicas must be in {lo}..{hi}, got {value}")
+    a = autoscaling
+    if a.enabled and not a.min_drafts <= value <= a.max_drafts:
+        raise SpecError(
+            f"spec.draft.replicas ({value}) must be within spec.autoscaling.minDrafts..maxDrafts"
+            f" ({a.min_drafts}..{a.max_drafts}) while autoscaling is enabled"
+        )
+    return value
 
 
 def _choice(raw: Mapping[str, Any], key: str, where: str, choices: tuple[str, ...]) -> str:
@@ -211,6 +233,13 @@ def _autoscaling(raw: Mapping[str, Any]) -> AutoscalingSpec:
     hi = _int(raw, "maxTargets", where, defaults.MAX_TARGETS, minimum=0)
     if lo > hi:
         raise SpecError(f"{where}: minTargets ({lo}) must be <= maxTargets ({hi})")
+    lo_d = _int(raw, "minDrafts", where, defaults.MIN_DRAFTS, minimum=defaults.DRAFT_REPLICAS_MIN)
+    hi_d = _int(raw, "maxDrafts", where, defaults.MAX_DRAFTS, minimum=defaults.DRAFT_REPLICAS_MIN)
+    for key, value in (("minDrafts", lo_d), ("maxDrafts", hi_d)):
+        if value > defaults.DRAFT_REPLICAS_MAX:
+            raise SpecError(f"{where}.{key} must be <= {defaults.DRAFT_REPLICAS_MAX}, got {value}")
+    if lo_d > hi_d:
+        raise SpecError(f"{where}: minDrafts ({lo_d}) must be <= maxDrafts ({hi_d})")
     up = _fraction(raw, "underloadedUtilization", where, defaults.UNDERLOADED_UTILIZATION)
     down = _fraction(raw, "saturatedUtilization", where, defaults.SATURATED_UTILIZATION)
     if up >= down:
@@ -226,6 +255,8 @@ def _autoscaling(raw: Mapping[str, Any]) -> AutoscalingSpec:
         enabled=enabled,
         min_targets=lo,
         max_targets=hi,
+        min_drafts=lo_d,
+        max_drafts=hi_d,
         underloaded_utilization=up,
         saturated_utilization=down,
         scale_in_occupancy=idle,

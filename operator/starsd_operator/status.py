@@ -95,6 +95,7 @@ def build(obs: Observation, previous: Mapping[str, Any], now: datetime) -> dict[
         rollout_cond = Condition(c.COND_ROLLOUT_PROGRESSING, False, "Unknown", why, unknown=True)
     if obs.spec is not None:
         draft_cond, out["draft"] = _draft(obs)
+        out["drafts"] = _drafts(obs.owner, obs.spec, obs.children)
         targets_cond, out["targets"] = _targets(owner, obs.spec, obs.children, obs.rollouts)
         star_cond = _star(obs, out["targets"]["readyReplicas"])
         if obs.load is not None:
@@ -139,16 +140,32 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
     return patch
 
 
+def _drafts(owner: Owner, spec: ClusterSpec, children: Children) -> dict[str, Any]:
+    """``status.drafts``: the draft StatefulSet's pods, existing and ready, against ``spec.draft.replicas``."""
+    sts_status = (children.named("StatefulSet", naming.draft_statefulset_name(owner)) or {}).get("status") or {}
+    ready = int(sts_status.get("readyReplicas") or 0)
+    desired = spec.draft.replicas
+    return {
+        "replicas": int(sts_status.get("replicas") or 0),
+        "ready": ready,
+        "desired": desired,
+        "readyOfDesired": f"{ready}/{desired}",  # the DRAFTS column, as TARGETS
+    }
+
+
 def _draft(obs: Observation) -> tuple[Condition, dict[str, Any]]:
+    """``DraftReady``: every one of the ``spec.draft.replicas`` draft pods ready and up to date."""
     owner = obs.owner
-    name = naming.draft_name(owner)
-    deployment = obs.children.named("Deployment", name)
-    progress = diagnose.rollout(deployment, desired=1)
-    problem = diagnose.first_problem(obs.children.pods_of(c.COMPONENT_DRAFT), [deployment])
+    name = naming.draft_statefulset_name(owner)
+    drafts = obs.children.named("StatefulSet", name)
+    want = obs.spec.draft.replicas if obs.spec is not None else 1
+    progress = diagnose.rollout(drafts, desired=want)
+    problem = diagnose.first_problem(obs.children.pods_of(c.COMPONENT_DRAFT))
     if not progress.exists:
-        cond = Condition(c.COND_DRAFT_READY, False, "NotCreated", f"deployment {name} does not exist yet")
+        cond = Condition(c.COND_DRAFT_READY, False, "NotCreated", f"statefulset {name} does not exist yet")
     elif progress.complete:
-        cond = Condition(c.COND_DRAFT_READY, True, "Available", f"draft {name} is ready")
+        ready = f"draft {name} is ready" if want == 1 else f"{want} drafts of {name} are ready"
+        cond = Condition(c.COND_DRAFT_READY, True, "Available", ready)
     elif problem is not None:
         cond = Condition(c.COND_DRAFT_READY, False, problem.reason, problem.message)
     else:
@@ -156,7 +173,7 @@ def _draft(obs: Observation) -> tuple[Condition, dict[str, Any]]:
             c.COND_DRAFT_READY,
             False,
             "Progressing",
-            f"draft {name}: {progress.ready} of 1 ready, {progress.updated} up to date",
+            f"draft {name}: {progress.ready} of {want} ready, {progress.updated} up to date",
         )
     draft: dict[str, Any] = {"ready": cond.ok, "endpoint": naming.draft_endpoint(owner)}
     if obs.load is not None:

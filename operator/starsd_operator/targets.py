@@ -27,8 +27,10 @@ def statefulset(
             "target",
             "--model",
             model.serve_path,
+            # Every draft pod, draft 0 first; the target connects to its own first (starsd.assignment). A new
+            # draft count is a new template: the targets roll, pool by pool (see .rollout).
             "--draft",
-            naming.draft_endpoint(owner),
+            ",".join(naming.draft_endpoints(owner, spec.draft.replicas)),
             "--port",
             str(c.TARGET_HTTP_PORT),
             "--gamma",

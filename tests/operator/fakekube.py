@@ -19,6 +19,7 @@ class FakeKube:
         self.swap_ok = True
         self.fail_apply: KubeError | None = None
         self.fail_list: KubeError | None = None
+        self.fail_delete: KubeError | None = None
 
     def put(self, obj: Mapping[str, Any]) -> None:
         meta = obj["metadata"]
@@ -45,6 +46,8 @@ class FakeKube:
         ]
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
+        if self.fail_delete is not None:
+            raise self.fail_delete
         self.objects.pop((kind, namespace, name), None)
         self.deleted.append((kind, name))
 

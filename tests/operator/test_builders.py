@@ -83,8 +83,9 @@ def test_the_children_of_a_two_pool_cluster() -> None:
     objs = children.desired(f.OWNER, placed_spec(), IMAGES)
     assert [(o["kind"], o["metadata"]["name"]) for o in objs] == [
         ("Service", "chat-draft"),
+        ("Service", "chat-draft-pods"),
         ("NetworkPolicy", "chat-draft"),
-        ("Deployment", "chat-draft"),
+        ("StatefulSet", "chat-draft"),
         ("Service", "chat"),
         ("PodDisruptionBudget", "chat-draft"),
         ("Service", "chat-target-h100"),
@@ -115,10 +116,13 @@ def test_target_pods_carry_their_pool_and_the_status_selector_matches_them() -> 
     assert naming.status_selector(f.OWNER) == "app.kubernetes.io/instance=chat,app.kubernetes.io/component=target"
 
 
-def test_the_draft_deployment() -> None:
-    dep = draft.deployment(f.OWNER, placed_spec(), IMAGES)
+def test_the_draft_statefulset() -> None:
+    dep = draft.statefulset(f.OWNER, placed_spec(), IMAGES)
+    assert dep["metadata"]["name"] == "chat-draft"
     assert dep["spec"]["replicas"] == 1
-    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    assert dep["spec"]["serviceName"] == "chat-draft-pods" == naming.draft_headless_name(f.OWNER)
+    assert dep["spec"]["podManagementPolicy"] == "Parallel"
+    assert dep["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
     container = only_container(dep)
     assert container["image"] == "reg/draft:1"
     assert container["command"] == [
@@ -161,7 +165,7 @@ def test_the_target_statefulset_of_a_pool() -> None:
         "--model",
         "/models/target",
         "--draft",
-        "chat-draft.ml.svc:50051",
+        "chat-draft-0.chat-draft-pods.ml.svc:50051",
         "--port",
         "8000",
         "--gamma",
@@ -200,7 +204,7 @@ def test_spec_images_override_the_defaults() -> None:
         draft={"model": {"path": "/d"}, "image": "mine/draft:2"},
         target={"model": {"path": "/t"}, "image": "mine/target:2"},
     )
-    assert only_container(draft.deployment(f.OWNER, spec, IMAGES))["image"] == "mine/draft:2"
+    assert only_container(draft.statefulset(f.OWNER, spec, IMAGES))["image"] == "mine/draft:2"
     assert only_container(targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES))["image"] == "mine/target:2"
 
 
@@ -213,7 +217,7 @@ def test_default_images_come_from_the_environment() -> None:
 def test_probes(component: str) -> None:
     spec = placed_spec()
     obj = (
-        draft.deployment(f.OWNER, spec, IMAGES)
+        draft.statefulset(f.OWNER, spec, IMAGES)
         if component == "draft"
         else targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES)
     )
@@ -225,9 +229,12 @@ def test_probes(component: str) -> None:
     assert port in {p["name"] for p in container["ports"]}
 
 
-@pytest.mark.parametrize("kind", ["Deployment", "StatefulSet"])
-def test_pods_run_unprivileged_with_a_read_only_root(kind: str) -> None:
-    [obj] = [o for o in children.desired(f.OWNER, placed_spec(), IMAGES) if o["kind"] == kind][:1]
+@pytest.mark.parametrize("component", ["draft", "target"])
+def test_pods_run_unprivileged_with_a_read_only_root(component: str) -> None:
+    objs = children.desired(f.OWNER, placed_spec(), IMAGES)
+    [obj] = [o for o in objs if o["kind"] == "StatefulSet" and o["metadata"]["labels"][c.LABEL_COMPONENT] == component][
+        :1
+    ]
     pod = pod_spec(obj)
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == c.RUN_AS_USER
@@ -242,7 +249,7 @@ def test_pods_run_unprivileged_with_a_read_only_root(kind: str) -> None:
 
 
 def test_termination_messages_reach_the_status() -> None:
-    container = only_container(draft.deployment(f.OWNER, placed_spec(), IMAGES))
+    container = only_container(draft.statefulset(f.OWNER, placed_spec(), IMAGES))
     assert container["terminationMessagePath"] == "/dev/termination-log"
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
@@ -263,13 +270,13 @@ def test_a_model_on_a_claim_is_mounted_read_only_where_the_process_loads_it() ->
 
 def test_a_writable_claim_is_mounted_writable() -> None:
     spec = cluster_spec(draft={"model": {"pvc": {"claimName": "w", "readOnly": False}}})
-    dep = draft.deployment(f.OWNER, spec, IMAGES)
+    dep = draft.statefulset(f.OWNER, spec, IMAGES)
     assert {"name": "model", "persistentVolumeClaim": {"claimName": "w", "readOnly": False}} in pod_spec(dep)["volumes"]
     assert {"name": "model", "mountPath": MODEL_ROOT, "readOnly": False} in only_container(dep)["volumeMounts"]
 
 
 def test_a_model_in_the_image_mounts_nothing() -> None:
-    dep = draft.deployment(f.OWNER, cluster_spec(), IMAGES)
+    dep = draft.statefulset(f.OWNER, cluster_spec(), IMAGES)
     assert [v["name"] for v in pod_spec(dep)["volumes"]] == ["tmp"]
 
 
@@ -284,7 +291,7 @@ def test_precision_and_batching_reach_the_commands() -> None:
         draft={"model": {"path": "/d"}, "dtype": "float16", "maxBatch": 16, "schedule": "fair"},
         target={"model": {"path": "/t"}, "dtype": "bfloat16", "maxNumSeqs": 128, "kvCacheTokens": 90000},
     )
-    draft_command = only_container(draft.deployment(f.OWNER, spec, IMAGES))["command"]
+    draft_command = only_container(draft.statefulset(f.OWNER, spec, IMAGES))["command"]
     target_command = only_container(targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES))["command"]
 
     def flag(command: list[str], name: str) -> str:
@@ -339,7 +346,7 @@ def test_only_this_clusters_targets_reach_the_draft_grpc_port() -> None:
 def test_replicas_are_split_across_the_pools_by_weight() -> None:
     objs = children.desired(f.OWNER, cluster_spec(targets={"replicas": 6}), IMAGES)
     replicas = {o["metadata"]["name"]: o["spec"]["replicas"] for o in objs if o["kind"] == "StatefulSet"}
-    assert replicas == {"chat-target-h100": 4, "chat-target-l4": 2}
+    assert replicas == {"chat-draft": 1, "chat-target-h100": 4, "chat-target-l4": 2}
 
 
 def test_long_names_are_shortened_stably_within_kubernetes_limits() -> None:
@@ -349,6 +356,11 @@ def test_long_names_are_shortened_stably_within_kubernetes_limits() -> None:
     assert name == naming.pool_name(owner, "p" * 24)
     assert name != naming.pool_name(owner, "q" * 24)
     assert len(naming.draft_name(owner)) <= 63
+    # A StatefulSet's name leaves room for its pods' controller-revision-hash label; its pods' DNS names use it.
+    drafts = naming.draft_statefulset_name(owner)
+    assert len(drafts) <= naming.STATEFULSET_NAME_LIMIT < len(naming.draft_name(owner))
+    assert naming.draft_pod_host(owner, 3).startswith(f"{drafts}-3.{naming.draft_headless_name(owner)}.ml.svc")
+    assert len(naming.draft_headless_name(owner)) <= 63
     assert naming.child_name("chat", "draft") == "chat-draft"
 
 
@@ -356,5 +368,58 @@ def test_the_builders_are_pure() -> None:
     spec = placed_spec()
     assert children.desired(f.OWNER, spec, IMAGES) == children.desired(f.OWNER, spec, IMAGES)
     first = children.desired(f.OWNER, spec, IMAGES)
-    pod_spec(first[2])["nodeSelector"]["x"] = "y"
+    [drafts] = [o for o in first if (o["kind"], o["metadata"]["name"]) == ("StatefulSet", "chat-draft")]
+    pod_spec(drafts)["nodeSelector"]["x"] = "y"
     assert "x" not in spec.draft.placement.node_selector
+
+
+def draft_list(obj: dict[str, Any]) -> list[str]:
+    command = only_container(obj)["command"]
+    return str(command[command.index("--draft") + 1]).split(",")
+
+
+@pytest.mark.parametrize("drafts", [1, 3])
+def test_the_drafts_are_a_statefulset_named_by_a_headless_service_and_every_target_lists_them(drafts: int) -> None:
+    spec = cluster_spec(draft={"model": {"path": "/d"}, "replicas": drafts}, targets={"replicas": 9})
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in children.desired(f.OWNER, spec, IMAGES)}
+    sts = objs[("StatefulSet", "chat-draft")]
+    assert sts["spec"]["replicas"] == drafts
+    headless = objs[("Service", "chat-draft-pods")]
+    assert sts["spec"]["serviceName"] == "chat-draft-pods"
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is False
+    assert headless["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
+    assert {p["name"]: p["port"] for p in headless["spec"]["ports"]} == {"grpc": 50051, "metrics": 9090}
+    # The one-draft address stays: a ClusterIP Service over any ready draft pod.
+    clusterip = objs[("Service", "chat-draft")]
+    assert clusterip["spec"]["type"] == "ClusterIP" and clusterip["spec"]["selector"] == headless["spec"]["selector"]
+    expected = [f"chat-draft-{i}.chat-draft-pods.ml.svc:50051" for i in range(drafts)]
+    for pool in ("h100", "l4"):
+        assert draft_list(objs[("StatefulSet", f"chat-target-{pool}")]) == expected
+    assert expected == naming.draft_endpoints(f.OWNER, drafts)
+
+
+def test_a_new_draft_count_is_a_new_target_template_so_the_pools_roll() -> None:
+    from starsd_operator import rollout
+
+    def template_hash(drafts: int) -> str:
+        spec = cluster_spec(draft={"model": {"path": "/d"}, "replicas": drafts})
+        sts = targets.statefulset(f.OWNER, spec, spec.pools[0], 2, IMAGES)
+        return str(sts["metadata"]["annotations"][rollout.ANNOTATION_TEMPLATE_HASH])
+
+    assert template_hash(3) != template_hash(4)
+    assert template_hash(3) == template_hash(3)
+
+
+def test_the_draft_pod_template_and_placement_apply_to_every_draft_pod() -> None:
+    spec = cluster_spec(
+        draft={
+            "model": {"uri": "hf://org/draft"},
+            "replicas": 3,
+            "nodeSelector": {"starsd.io/pool": "l4"},
+            "podTemplate": {"spec": {"priorityClassName": "drafts"}},
+        }
+    )
+    pod = pod_spec(draft.statefulset(f.OWNER, spec, IMAGES))
+    assert pod["priorityClassName"] == "drafts"
+    assert pod["nodeSelector"] == {"starsd.io/pool": "l4"}
+    assert [i["name"] for i in pod["initContainers"]] == ["fetch-model"]

@@ -63,8 +63,9 @@ def test_reconcile_applies_every_child() -> None:
     controller.reconcile(kube, f.body(), CONFIG, memory)
     assert kube.applied == [
         ("Service", "chat-draft"),
+        ("Service", "chat-draft-pods"),
         ("NetworkPolicy", "chat-draft"),
-        ("Deployment", "chat-draft"),
+        ("StatefulSet", "chat-draft"),
         ("Service", "chat"),
         ("PodDisruptionBudget", "chat-draft"),
         ("Service", "chat-target-h100"),
@@ -116,7 +117,7 @@ def test_reconcile_posts_a_normal_event_per_created_child_and_none_when_nothing_
     kube, memory = FakeKube(), Memory()
     events = controller.reconcile(kube, f.body(), CONFIG, memory)
     assert reasons(events) == [("Normal", c.EVENT_CREATED, f"created {k} {n}") for k, n in kube.applied]
-    assert len(events) == 11
+    assert len(events) == 12
     assert controller.reconcile(kube, f.body(), CONFIG, memory) == []
 
 
@@ -127,6 +128,71 @@ def test_reconcile_posts_scaled_events_for_the_workloads_whose_replicas_moved() 
         ("Normal", c.EVENT_SCALED, "scaled StatefulSet chat-target-h100 from 2 to 4 replicas"),
         ("Normal", c.EVENT_SCALED, "scaled StatefulSet chat-target-l4 from 1 to 2 replicas"),
     ]
+
+
+def legacy_draft_deployment(uid: str = f.OWNER.uid) -> dict[str, Any]:
+    """The draft Deployment an operator before several drafts applied (its own name, labels and owner)."""
+    return {
+        "kind": "Deployment",
+        "metadata": {
+            "name": "chat-draft",
+            "namespace": "ml",
+            "labels": {c.LABEL_INSTANCE: "chat", c.LABEL_MANAGED_BY: c.MANAGED_BY, c.LABEL_COMPONENT: "draft"},
+            "ownerReferences": [{"uid": uid, "controller": True}],
+        },
+        "spec": {"replicas": 1, "template": {"spec": {"containers": [{"name": "draft", "image": "reg/draft:0"}]}}},
+    }
+
+
+class StatefulSetFirst(FakeKube):
+    """Refuses to delete the draft Deployment while the draft StatefulSet does not exist."""
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        if kind == "Deployment":
+            assert ("StatefulSet", namespace, "chat-draft") in self.objects, "deleted before the StatefulSet exists"
+        super().delete(kind, namespace, name)
+
+
+def test_an_old_draft_deployment_is_deleted_once_the_draft_statefulset_is_applied() -> None:
+    kube, memory = StatefulSetFirst(), Memory()
+    kube.put(legacy_draft_deployment())
+    events = controller.reconcile(kube, f.body(), CONFIG, memory)
+    assert ("StatefulSet", "ml", "chat-draft") in kube.objects
+    assert ("Deployment", "ml", "chat-draft") not in kube.objects
+    assert kube.deleted == [("Deployment", "chat-draft")]
+    message = "deleted Deployment chat-draft: the drafts run in StatefulSet chat-draft now"
+    assert ("Normal", c.EVENT_DELETED, message) in reasons(events)
+    # The next reconcile (a restart, say) has nothing left to do.
+    assert controller.reconcile(kube, f.body(), CONFIG, memory) == []
+    assert kube.deleted == [("Deployment", "chat-draft")]
+
+
+def test_a_restart_between_the_apply_and_the_delete_converges() -> None:
+    kube = FakeKube()
+    kube.put(legacy_draft_deployment())
+    kube.fail_delete = KubeError(0, "API server unreachable")  # the operator dies on the delete
+    with pytest.raises(KubeError):
+        controller.reconcile(kube, f.body(), CONFIG, Memory())
+    assert {("StatefulSet", "ml", "chat-draft"), ("Deployment", "ml", "chat-draft")} <= set(kube.objects)
+    kube.fail_delete = None
+    controller.reconcile(kube, f.body(), CONFIG, Memory())  # a new process resumes
+    assert ("Deployment", "ml", "chat-draft") not in kube.objects
+    assert ("StatefulSet", "ml", "chat-draft") in kube.objects
+
+
+def test_a_draft_deployment_of_someone_else_is_left_alone() -> None:
+    kube = FakeKube()
+    kube.put(legacy_draft_deployment(uid="someone-else"))
+    controller.reconcile(kube, f.body(), CONFIG, Memory())
+    assert ("Deployment", "ml", "chat-draft") in kube.objects and kube.deleted == []
+
+
+def test_the_old_draft_deployments_image_is_kept_under_a_pinned_policy() -> None:
+    kube = FakeKube()
+    kube.put(legacy_draft_deployment())
+    controller.reconcile(kube, f.body(), Config(), Memory())
+    sts = kube.objects[("StatefulSet", "ml", "chat-draft")]
+    assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == "reg/draft:0"
 
 
 def test_reconcile_posts_an_event_per_child_of_a_pool_that_left() -> None:
@@ -332,3 +398,42 @@ def test_an_unchanged_cluster_writes_nothing() -> None:
     body["status"].update(first.status_patch)
     second = controller.tick(kube, body, CONFIG, memory, now=T0 + timedelta(seconds=5), fetch=under_loaded)
     assert second.status_patch == {}
+
+
+def test_the_draft_statefulset_deleted_behind_the_operators_back_is_applied_again() -> None:
+    body = f.body()
+    kube, memory = reconciled(body)
+    kube.delete("StatefulSet", "ml", "chat-draft")
+    kube.applied.clear()
+    controller.tick(kube, body, CONFIG, memory, now=T0, fetch=under_loaded)
+    assert ("StatefulSet", "chat-draft") in kube.applied
+
+
+def test_a_tick_of_an_upgraded_operator_replaces_the_old_draft_deployment() -> None:
+    """A cluster reconciled by an operator before several drafts: its draft is a Deployment. The new operator's
+    first tick (whichever of resume and tick runs first) applies the StatefulSet and deletes the Deployment."""
+    body = f.body()
+    body["status"]["observedGeneration"] = 1
+    kube = StatefulSetFirst()
+    kube.put(legacy_draft_deployment())
+    result = controller.tick(kube, body, CONFIG, Memory(), now=T0, fetch=no_fetch)
+    assert ("StatefulSet", "ml", "chat-draft") in kube.objects
+    assert ("Deployment", "ml", "chat-draft") not in kube.objects
+    assert any(e.reason == c.EVENT_DELETED and "Deployment chat-draft" in e.message for e in result.events)
+
+
+def test_a_tick_reports_the_drafts_and_polls_once_one_is_ready() -> None:
+    body = f.body(f.spec(draft={"model": {"path": "/models/draft"}, "replicas": 3}))
+    kube, memory = reconciled(body)
+    sts = kube.objects[("StatefulSet", "ml", "chat-draft")]
+    sts["status"]["readyReplicas"] = 1
+    fetched: list[str] = []
+
+    def fetch(url: str) -> Load:
+        fetched.append(url)
+        return under_loaded(url)
+
+    result = controller.tick(kube, body, CONFIG, memory, now=T0, fetch=fetch)
+    assert result.status_patch["drafts"] == {"replicas": 3, "ready": 1, "desired": 3, "readyOfDesired": "1/3"}
+    assert conditions(result)[c.COND_DRAFT_READY]["status"] == "False"
+    assert len(fetched) == 1

@@ -68,13 +68,16 @@ def test_status_and_scale_subresources(crd: dict[str, Any]) -> None:
 def test_printer_columns(crd: dict[str, Any]) -> None:
     columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
     default_view = [col["name"] for col in columns if col.get("priority", 0) == 0]
-    assert default_view == ["Ready", "Targets", "Draft load", "Regime", "Age"]
+    assert default_view == ["Ready", "Targets", "Drafts", "Draft load", "Regime", "Age"]
     by_name = {col["name"]: col for col in columns}
     assert by_name["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
     # "2/3" as a Deployment's READY: ready over desired, one string the status writes for it.
     assert (by_name["Targets"]["type"], by_name["Targets"]["jsonPath"]) == ("string", ".status.targets.readyOfDesired")
     targets = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["targets"]
     assert targets["properties"]["readyOfDesired"]["type"] == "string"
+    assert (by_name["Drafts"]["type"], by_name["Drafts"]["jsonPath"]) == ("string", ".status.drafts.readyOfDesired")
+    drafts = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["drafts"]
+    assert drafts["properties"]["readyOfDesired"]["type"] == "string"
     assert by_name["Draft load"]["jsonPath"] == ".status.draft.utilization"
     assert by_name["Regime"]["jsonPath"] == ".status.draft.regime"
     assert by_name["Age"]["type"] == "date"
@@ -122,6 +125,9 @@ def test_cel_rules_cover_the_cross_field_checks(schema: dict[str, Any]) -> None:
         "size(self.pools) > 0",
         "self.targets.replicas >= self.autoscaling.minTargets",
         "self.targets.replicas <= self.autoscaling.maxTargets",
+        "self.minDrafts <= self.maxDrafts",
+        "self.draft.replicas >= self.autoscaling.minDrafts",
+        "self.draft.replicas <= self.autoscaling.maxDrafts",
         "(has(self.path) ? 1 : 0) + (has(self.pvc) ? 1 : 0) + (has(self.uri) ? 1 : 0) == 1",
         "has(self.uri) || (!has(self.credentials) && !has(self.cache))",
     ):
@@ -143,6 +149,8 @@ def test_a_minimal_spec_defaults_to_what_the_operator_assumes(schema: dict[str, 
     defaulted = apply_defaults(schema, cluster(minimal))["spec"]
     assert specmod.parse(defaulted) == specmod.parse(minimal)
     assert defaulted["autoscaling"]["enabled"] is False and defaulted["targets"]["replicas"] == 1
+    assert defaulted["draft"]["replicas"] == 1
+    assert (defaulted["autoscaling"]["minDrafts"], defaulted["autoscaling"]["maxDrafts"]) == (1, 1)
 
 
 def test_the_sample_validates_and_parses(schema: dict[str, Any]) -> None:
@@ -160,6 +168,9 @@ def test_the_sample_validates_and_parses(schema: dict[str, Any]) -> None:
         (lambda s: s["targets"].update(replicas=-1), "spec.targets.replicas"),
         (lambda s: s.update(colour="blue"), "spec"),
         (lambda s: s["draft"].update(replica=2), "spec.draft"),
+        (lambda s: s["draft"].update(replicas=0), "spec.draft.replicas"),
+        (lambda s: s["draft"].update(replicas=33), "spec.draft.replicas"),
+        (lambda s: s["autoscaling"].update(maxDrafts=0), "spec.autoscaling.maxDrafts"),
         (lambda s: s["target"].update(gamma="4"), "spec.target.gamma"),
         (lambda s: s["pools"][0].pop("name"), "spec.pools.0"),
         (lambda s: s["pools"][0].update(name="H100"), "spec.pools.0.name"),
@@ -183,6 +194,9 @@ def test_the_schema_refuses(schema: dict[str, Any], mutate: Any, where: str) -> 
     "mutate",
     [
         lambda s: s["autoscaling"].update(minTargets=5, maxTargets=2),
+        lambda s: s["autoscaling"].update(minDrafts=3, maxDrafts=2),
+        lambda s: s["draft"].update(replicas=3),  # the sample enables autoscaling; maxDrafts defaults to 1
+        lambda s: (s["draft"].update(replicas=1), s["autoscaling"].update(minDrafts=2, maxDrafts=4)),
         lambda s: s["pools"][0].update(minReplicas=5, maxReplicas=2),
         lambda s: s["pools"].append(dict(s["pools"][0])),
         lambda s: s["target"].update(gamma=0),
@@ -229,8 +243,7 @@ def test_the_status_the_operator_writes_fits_the_schema(schema: dict[str, Any]) 
         generation=2,
         spec=parsed,
         children=status.Children(
-            deployments=[f.workload("Deployment", "chat-draft", 1)],
-            statefulsets=[f.workload("StatefulSet", "chat-target-h100", 2)],
+            statefulsets=[f.workload("StatefulSet", "chat-draft", 1), f.workload("StatefulSet", "chat-target-h100", 2)],
         ),
         load=load,
         decision=Decision(5, 3, "UnderLoaded", "3 -> 5 targets"),

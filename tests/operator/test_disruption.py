@@ -53,3 +53,16 @@ def test_a_pool_without_replicas_has_no_budget() -> None:
 def test_a_bad_max_unavailable_is_named(value: Any) -> None:
     with pytest.raises(SpecError, match=r"spec\.pools\[0\]\.disruption\.maxUnavailable"):
         parse(f.spec(pools=[{"name": "a", "disruption": {"maxUnavailable": value}}]))
+
+
+@pytest.mark.parametrize("drafts", [1, 3])
+def test_the_draft_budget_covers_every_draft_pod_and_evicts_one_at_a_time(drafts: int) -> None:
+    """With several drafts a drain takes one at a time: its targets move to the others meanwhile."""
+    objs = children.desired(f.OWNER, parse(f.spec(draft={"model": {"path": "/d"}, "replicas": drafts})), IMAGES)
+    [sts] = [o for o in objs if (o["kind"], o["metadata"]["name"]) == ("StatefulSet", "chat-draft")]
+    [pdb] = [o for o in objs if (o["kind"], o["metadata"]["name"]) == ("PodDisruptionBudget", "chat-draft")]
+    assert sts["spec"]["replicas"] == drafts
+    assert pdb["spec"]["maxUnavailable"] == defaults.MAX_UNAVAILABLE == 1
+    # The budget selects exactly the StatefulSet's pods (every ordinal carries the template's labels).
+    assert pdb["spec"]["selector"] == sts["spec"]["selector"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()

@@ -89,8 +89,33 @@ def test_placement_is_copied() -> None:
         ({"autoscaling": {"enabled": "yes"}}, "spec.autoscaling.enabled"),
         ({"draft": {"model": {"path": "/d", "pvc": {"claimName": "c"}}}}, "spec.draft.model needs exactly one"),
         ({"draft": {"model": {"path": "/d"}, "nodeSelector": {"a": 1}}}, "spec.draft.nodeSelector"),
+        ({"draft": {"model": {"path": "/d"}, "replicas": 0}}, "spec.draft.replicas must be >= 1, got 0"),
+        ({"draft": {"model": {"path": "/d"}, "replicas": 33}}, "spec.draft.replicas must be in 1..32, got 33"),
+        ({"draft": {"model": {"path": "/d"}, "replicas": "3"}}, "spec.draft.replicas must be an integer"),
+        ({"autoscaling": {"minDrafts": 0}}, "spec.autoscaling.minDrafts must be >= 1"),
+        ({"autoscaling": {"maxDrafts": 40}}, "spec.autoscaling.maxDrafts must be <= 32, got 40"),
+        ({"autoscaling": {"minDrafts": 3, "maxDrafts": 2}}, "spec.autoscaling: minDrafts .3. must be <= maxDrafts .2."),
+        (
+            {"draft": {"model": {"path": "/d"}, "replicas": 3}, "autoscaling": {"enabled": True, "maxDrafts": 2}},
+            "spec.draft.replicas .3. must be within spec.autoscaling.minDrafts..maxDrafts .1..2.",
+        ),
     ],
 )
 def test_errors_name_the_field(overrides: dict[str, Any], field: str) -> None:
     with pytest.raises(SpecError, match=field.replace("[", r"\[").replace("]", r"\]")):
         parse(f.spec(**overrides))
+
+
+def test_the_draft_count_and_its_bounds() -> None:
+    assert parse(f.spec()).draft.replicas == 1
+    assert (AutoscalingSpec().min_drafts, AutoscalingSpec().max_drafts) == (1, 1)
+    parsed = parse(
+        f.spec(
+            draft={"model": {"path": "/d"}, "replicas": 3},
+            autoscaling={"enabled": True, "minDrafts": 2, "maxDrafts": 4},
+        )
+    )
+    assert parsed.draft.replicas == 3
+    assert (parsed.autoscaling.min_drafts, parsed.autoscaling.max_drafts) == (2, 4)
+    # Without autoscaling the bounds do not constrain the count (as minTargets/maxTargets).
+    assert parse(f.spec(draft={"model": {"path": "/d"}, "replicas": 5})).draft.replicas == 5
