@@ -18,28 +18,40 @@ VOLATILE_DRAFT = frozenset(
     {"utilization", "queueDepth", "activeSessions", "runningRequests", "waitingRequests", "targetOccupancy"}
 )
 VOLATILE_TOP = frozenset({"recommendedTargets"})
+# In status.drafts: the busiest draft's utilisation (compared like the draft's, by UTILIZATION_STEP) and each
+# draft's figures; a draft's regime, or its reading failing, is a real change.
+VOLATILE_DRAFTS = frozenset({"worstUtilization", "loads"})
 
 
 def essence(status: Mapping[str, Any]) -> dict[str, Any]:
     """What a real change changes: ``status`` without its volatile figures and condition wording."""
-    out = {k: v for k, v in status.items() if k not in VOLATILE_TOP and k not in ("conditions", "draft")}
+    out = {k: v for k, v in status.items() if k not in VOLATILE_TOP and k not in ("conditions", "draft", "drafts")}
     out["conditions"] = sorted(
         (str(c.get("type")), str(c.get("status")), str(c.get("reason"))) for c in status.get("conditions") or []
     )
     draft = status.get("draft") or {}
     out["draft"] = {k: v for k, v in draft.items() if k not in VOLATILE_DRAFT}
+    drafts = status.get("drafts") or {}
+    out["drafts"] = {k: v for k, v in drafts.items() if k not in VOLATILE_DRAFTS}
+    out["draftLoads"] = [(row.get("index"), row.get("regime"), "error" in row) for row in drafts.get("loads") or []]
     return out
+
+
+def _moved(before: Any, after: Any) -> bool:
+    """A utilisation appearing, disappearing or moving by more than :data:`UTILIZATION_STEP`."""
+    if (before is None) != (after is None):
+        return True
+    return before is not None and after is not None and abs(float(after) - float(before)) > UTILIZATION_STEP
 
 
 def significant(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     """Whether ``new`` differs from the stored ``old`` by a real change."""
     if essence(old) != essence(new):
         return True
-    before = (old.get("draft") or {}).get("utilization")
-    after = (new.get("draft") or {}).get("utilization")
-    if (before is None) != (after is None):
-        return True
-    return before is not None and after is not None and abs(float(after) - float(before)) > UTILIZATION_STEP
+    return any(
+        _moved((old.get(part) or {}).get(key), (new.get(part) or {}).get(key))
+        for part, key in (("draft", "utilization"), ("drafts", "worstUtilization"))
+    )
 
 
 def should_write(old: Mapping[str, Any], new: Mapping[str, Any], last_write: float | None, now: float) -> bool:

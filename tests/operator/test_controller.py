@@ -434,6 +434,64 @@ def test_a_tick_reports_the_drafts_and_polls_once_one_is_ready() -> None:
         return under_loaded(url)
 
     result = controller.tick(kube, body, CONFIG, memory, now=T0, fetch=fetch)
-    assert result.status_patch["drafts"] == {"replicas": 3, "ready": 1, "desired": 3, "readyOfDesired": "1/3"}
+    drafts = result.status_patch["drafts"]
+    assert {k: drafts[k] for k in ("replicas", "ready", "desired", "readyOfDesired")} == {
+        "replicas": 3,
+        "ready": 1,
+        "desired": 3,
+        "readyOfDesired": "1/3",
+    }
     assert conditions(result)[c.COND_DRAFT_READY]["status"] == "False"
-    assert len(fetched) == 1
+    # every draft pod's own /v1/load, draft 0 first, and one row per draft in status
+    assert fetched == [f"http://chat-draft-{i}.chat-draft-pods.ml.svc:9090/v1/load" for i in range(3)]
+    assert [row["index"] for row in drafts["loads"]] == [0, 1, 2]
+    assert drafts["worstUtilization"] == 0.2
+
+
+def saturated_draft(_url: str) -> Load:
+    return Load(
+        utilization=0.97,
+        window_seconds=5,
+        tq_seconds=0.004,
+        tp_seconds=0.02,
+        tc_seconds=0.001,
+        queue_depth=1.0,
+        targets=3,
+        regime="FullyLoaded",
+        active_sessions=3,
+        recommended_targets=3,
+        waiting_requests=2,
+        target_occupancy=0.9,
+    )
+
+
+def test_saturated_drafts_with_demand_get_one_more_draft_through_the_spec() -> None:
+    """Autoscaling with maxDrafts 3: every draft saturated while targets queue -> spec.draft.replicas 1 -> 2,
+    once the scale-up window is covered, with a Rebalanced Event and status.drafts.lastRebalance."""
+    spec = f.spec(
+        draft={"model": {"path": "/models/draft"}, "replicas": 1},
+        autoscaling={
+            "enabled": True,
+            "minTargets": 1,
+            "maxTargets": 16,
+            "minDrafts": 1,
+            "maxDrafts": 3,
+            "scaleUp": {"stabilizationWindowSeconds": 10, "maxStep": 4},
+        },
+    )
+    body = f.body(spec)
+    kube, memory = reconciled(body)
+    kube.objects[("StatefulSet", "ml", "chat-draft")]["status"]["readyReplicas"] = 1
+    results = []
+    for i in range(6):
+        result = controller.tick(kube, body, CONFIG, memory, now=T0 + timedelta(seconds=5 * i), fetch=saturated_draft)
+        results.append(result)
+        body["status"].update(result.status_patch)
+        if kube.draft_swaps:
+            body["spec"]["draft"]["replicas"] = kube.draft_swaps[-1][1]
+    assert kube.draft_swaps == [(1, 2)]
+    assert kube.swaps == []  # more drafts, not more targets
+    changed = [r for r in results if any(e.reason == c.EVENT_REBALANCED for e in r.events)]
+    assert len(changed) == 1
+    last = changed[0].status_patch["drafts"]["lastRebalance"]
+    assert (last["from"], last["to"]) == (1, 2)

@@ -253,3 +253,18 @@ def test_a_real_change_is_written_at_once() -> None:
     assert churn.should_write(old, old, None, 0.0)
     assert not churn.should_write(old, old, 0.0, 59.0)
     assert churn.should_write(old, old, 0.0, 60.0)
+
+
+def test_several_drafts_figures_are_refreshed_their_changes_written() -> None:
+    row = {"index": 0, "utilization": 0.2, "regime": "UnderLoaded", "queueDepth": 0.0}
+    old = {"drafts": {"ready": 2, "worstUtilization": 0.2, "loads": [row, {**row, "index": 1}]}, "conditions": []}
+
+    def drafts(**changes: Any) -> dict[str, Any]:
+        return {**old, "drafts": {**old["drafts"], **changes}}
+
+    jitter = [{**row, "utilization": 0.23, "queueDepth": 0.4}, {**row, "index": 1}]
+    assert not churn.significant(old, drafts(worstUtilization=0.23, loads=jitter))
+    assert churn.significant(old, drafts(worstUtilization=0.3))
+    assert churn.significant(old, drafts(ready=1))
+    assert churn.significant(old, drafts(loads=[row, {"index": 1, "error": "connection refused"}]))
+    assert churn.significant(old, drafts(loads=[row, {**row, "index": 1, "regime": "FullyLoaded"}]))
