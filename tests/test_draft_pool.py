@@ -195,3 +195,13 @@ def test_the_target_help_describes_the_list(capsys: pytest.CaptureFixture[str]) 
 def test_local_refuses_no_drafts(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["local", "--drafts", "0"]) == 2
     assert "--drafts must be >= 1" in capsys.readouterr().err
+
+
+def test_the_target_refuses_a_missing_tls_ca_before_loading_its_model(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    missing = tmp_path / "no-such-model"
+    args = ["target", "--model", str(missing), "--draft", "a:1", "--draft-tls-ca", str(tmp_path / "ca.pem")]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert "--draft-tls-ca" in err and "no such file" in err

@@ -145,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(exc))
     if args.draft_probe_interval <= 0:
         return fail(f"--draft-probe-interval must be > 0, got {args.draft_probe_interval}")
+    if args.draft_tls_ca is not None and not args.draft_tls_ca.is_file():
+        return fail(f"--draft-tls-ca {args.draft_tls_ca}: no such file (a PEM CA bundle)")
     from starsd.verifier.chat import load_chat_template
 
     try:

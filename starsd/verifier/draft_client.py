@@ -112,6 +112,8 @@ class DraftClient:
         self.fingerprint = fingerprint
         self.vocab_size = vocab_size
         self.options = options
+        # Read once here (a bad path fails at start, not at some later reconnect outside any handler).
+        self._root_certificates = options.tls_ca.read_bytes() if options.tls_ca else None
         self.connected = False
         self.generation = 0  # bumped on every new stream: sessions of an older one are gone on the draft
         self.last_error = ""
@@ -139,8 +141,8 @@ class DraftClient:
 
     def _channel_to(self, address: str) -> grpc.aio.Channel:
         options = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
-        if self.options.tls_ca:
-            creds = grpc.ssl_channel_credentials(root_certificates=self.options.tls_ca.read_bytes())
+        if self._root_certificates is not None:
+            creds = grpc.ssl_channel_credentials(root_certificates=self._root_certificates)
             return grpc.aio.secure_channel(address, creds, options=options)
         return grpc.aio.insecure_channel(address, options=options)
 
