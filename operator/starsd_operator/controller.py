@@ -7,6 +7,7 @@ Events to post; kopf's handlers (:mod:`.handlers`) only adapt these to kopf.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -17,7 +18,6 @@ from typing import Any
 from . import (
     children,
     churn,
-    conditions,
     draft,
     draftcount,
     imagepolicy,
@@ -52,20 +52,24 @@ class Config:
 
 
 @dataclass
+class CountTrack:
+    """What the rebalancer remembers of one count it moves (the targets', the drafts')."""
+
+    samples: list[Sample] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)  # its recent changes (rate limits)
+    unready_since: float | None = None  # since when its pods have not all been ready
+
+
+@dataclass
 class Memory:
     """What the operator remembers of one cluster between ticks (lost on restart, by design: the
     rebalancer then waits for a fresh window before it acts)."""
 
-    samples: list[Sample] = field(default_factory=list)
-    changes: list[Change] = field(default_factory=list)  # the rebalancer's recent changes (rate limits)
-    unready_since: float | None = None  # since when the targets have not all been ready
+    targets: CountTrack = field(default_factory=CountTrack)  # spec.targets.replicas (rebalancer.decide)
+    drafts: CountTrack = field(default_factory=CountTrack)  # spec.draft.replicas (rebalancer.decide_drafts)
     reconcile_error: tuple[int, str] | None = None  # (generation, message) of the last failed reconcile
     warned: set[str] = field(default_factory=set)  # Warning reasons already posted (each once per episode)
     last_status_write: float | None = None  # when tick last wrote the status (churn.should_write)
-    # The draft count's decision, as the target count's above (rebalancer.decide_drafts).
-    draft_samples: list[Sample] = field(default_factory=list)
-    draft_changes: list[Change] = field(default_factory=list)
-    drafts_unready_since: float | None = None
     # The last tick's draft readings and draft decision, for status.drafts (draftcount.status).
     draft_readings: loadclient.DraftReadings | None = None
     draft_decision: Decision | None = None
@@ -491,59 +495,36 @@ def _rebalance(
         return replace(obs, load_error=readings.error(), external_autoscaler=hpa), events
     obs = replace(obs, load=load, external_autoscaler=hpa)
     if hpa is not None:
-        memory.samples.clear()
-        memory.draft_samples.clear()
+        memory.targets.samples.clear()
+        memory.drafts.samples.clear()
         return obs, events
     counts = status.target_counts(owner, spec, obs.children)
     at = now.timestamp()
     pol = policy(spec)
-    achievable = min(max(spec.replicas, pol.pool_capacity[0]), pol.pool_capacity[1])
-    if counts.ready >= achievable:
-        memory.unready_since = None
-    elif memory.unready_since is None:
-        memory.unready_since = at
-    memory.samples.append(Sample(at=at, replicas=spec.replicas, ready=counts.ready, load=load))
-    memory.samples = rebalancer.prune(memory.samples, at, pol.history_seconds)
-    memory.changes = rebalancer.prune_changes(_seed_changes(memory, body), at, pol.history_seconds)
-    drafts_moved, drafted = _rebalance_drafts(kube, body, memory, spec, pol, load, ready_drafts, at)
+    previous = body.get("status") or {}
+    drafts_moved, drafted = _rebalance_drafts(kube, owner, memory, spec, pol, load, ready_drafts, previous, at)
     events += drafted
-    decision = rebalancer.decide(
-        pol,
-        replicas=spec.replicas,
-        ready=counts.ready,
-        samples=memory.samples,
-        now=at,
-        changes=memory.changes,
-        unready_since=memory.unready_since,
-    )
+    recorded = status.recorded_change(previous.get("lastRebalance"))
+    decision = _decide_count(memory.targets, pol, rebalancer.decide, spec.replicas, counts.ready, load, at, recorded)
     if decision.changed and drafts_moved:
         # One count moves per tick: the drafts first (a saturated draft wants another draft, not more targets).
         decision = Decision(
             decision.previous, decision.previous, rebalancer.STABILIZING, "the draft count moved; deciding again"
         )
-    if decision.changed:
-        if kube.swap_replicas(owner.namespace, owner.name, decision.previous, decision.replicas):
-            events.append(Event("Normal", c.EVENT_REBALANCED, decision.message))
-            memory.changes.append(Change(at, decision.previous, decision.replicas))
-            memory.unready_since = None
-        else:
-            decision = Decision(
-                decision.previous,
-                decision.previous,
-                "Conflict",
-                "spec.targets.replicas changed while deciding; deciding again on fresh samples",
-            )
-    return replace(obs, decision=decision), events
+    swap = functools.partial(kube.swap_replicas, owner.namespace, owner.name)
+    decision, moved = _apply_count(memory.targets, decision, swap, "spec.targets.replicas", at)
+    return replace(obs, decision=decision), events + moved
 
 
 def _rebalance_drafts(
     kube: Kube,
-    body: Mapping[str, Any],
+    owner: Owner,
     memory: Memory,
     spec: ClusterSpec,
     pol: rebalancer.Policy,
     load: Load,
     ready: int,
+    previous: Mapping[str, Any],
     at: float,
 ) -> tuple[bool, list[Event]]:
     """Decide the draft count and patch ``spec.draft.replicas`` when it moves; (moved, Events)."""
@@ -552,47 +533,56 @@ def _rebalance_drafts(
     if not pol.enabled or (lo == hi == replicas):
         return False, []
     dpol = rebalancer.draft_policy(pol, lo, hi)
-    if ready >= min(max(replicas, lo), hi):
-        memory.drafts_unready_since = None
-    elif memory.drafts_unready_since is None:
-        memory.drafts_unready_since = at
-    memory.draft_samples.append(Sample(at=at, replicas=replicas, ready=ready, load=load))
-    memory.draft_samples = rebalancer.prune(memory.draft_samples, at, dpol.history_seconds)
-    seeded = memory.draft_changes or draftcount.last_change(body.get("status") or {})
-    memory.draft_changes = rebalancer.prune_changes(seeded, at, dpol.history_seconds)
-    decision = rebalancer.decide_drafts(
-        dpol,
-        replicas=replicas,
-        ready=ready,
-        samples=memory.draft_samples,
-        now=at,
-        changes=memory.draft_changes,
-        unready_since=memory.drafts_unready_since,
-    )
-    events: list[Event] = []
-    if decision.changed:
-        owner = owner_of(body)
-        if kube.swap_draft_replicas(owner.namespace, owner.name, decision.previous, decision.replicas):
-            events.append(Event("Normal", c.EVENT_REBALANCED, decision.message))
-            memory.draft_changes.append(Change(at, decision.previous, decision.replicas))
-            memory.drafts_unready_since = None
-        else:
-            decision = Decision(
-                decision.previous,
-                decision.previous,
-                "Conflict",
-                "spec.draft.replicas changed while deciding; deciding again on fresh samples",
-            )
+    recorded = draftcount.last_change(previous)
+    decision = _decide_count(memory.drafts, dpol, rebalancer.decide_drafts, replicas, ready, load, at, recorded)
+    swap = functools.partial(kube.swap_draft_replicas, owner.namespace, owner.name)
+    decision, events = _apply_count(memory.drafts, decision, swap, "spec.draft.replicas", at)
     memory.draft_decision = decision
     return decision.changed, events
 
 
-def _seed_changes(memory: Memory, body: Mapping[str, Any]) -> list[Change]:
-    """The remembered changes, or after a restart the one in ``status.lastRebalance``."""
-    if memory.changes:
-        return memory.changes
-    last = (body.get("status") or {}).get("lastRebalance") or {}
-    when = conditions.parse_timestamp(last.get("time"))
-    if when is None or not isinstance(last.get("from"), int) or not isinstance(last.get("to"), int):
-        return []
-    return [Change(when.timestamp(), last["from"], last["to"])]
+def _decide_count(
+    track: CountTrack,
+    pol: rebalancer.Policy,
+    decide: Callable[..., Decision],
+    replicas: int,
+    ready: int,
+    load: Load,
+    at: float,
+    recorded: list[Change],
+) -> Decision:
+    """Record this tick's sample of one count and decide it (``decide``: rebalancer.decide or decide_drafts).
+    ``recorded`` is the last change the status holds: the rate limits' memory after an operator restart."""
+    achievable = min(max(replicas, pol.pool_capacity[0]), pol.pool_capacity[1])
+    if ready >= achievable:
+        track.unready_since = None
+    elif track.unready_since is None:
+        track.unready_since = at
+    track.samples.append(Sample(at=at, replicas=replicas, ready=ready, load=load))
+    track.samples = rebalancer.prune(track.samples, at, pol.history_seconds)
+    track.changes = rebalancer.prune_changes(track.changes or recorded, at, pol.history_seconds)
+    decision: Decision = decide(
+        pol,
+        replicas=replicas,
+        ready=ready,
+        samples=track.samples,
+        now=at,
+        changes=track.changes,
+        unready_since=track.unready_since,
+    )
+    return decision
+
+
+def _apply_count(
+    track: CountTrack, decision: Decision, swap: Callable[[int, int], bool], path: str, at: float
+) -> tuple[Decision, list[Event]]:
+    """Move a count as ``decision`` says with ``swap(expected, new)`` (an atomic test-and-replace of ``path``);
+    when the spec changed meanwhile nothing moves, and the next tick decides on fresh samples."""
+    if not decision.changed:
+        return decision, []
+    if not swap(decision.previous, decision.replicas):
+        message = f"{path} changed while deciding; deciding again on fresh samples"
+        return Decision(decision.previous, decision.previous, "Conflict", message), []
+    track.changes.append(Change(at, decision.previous, decision.replicas))
+    track.unready_since = None
+    return decision, [Event("Normal", c.EVENT_REBALANCED, decision.message)]

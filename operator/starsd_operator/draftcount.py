@@ -11,12 +11,12 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from . import conditions, naming
+from . import naming
 from .loadclient import DraftReadings
 from .naming import Owner
 from .rebalancer import Change, Decision
 from .spec import ClusterSpec
-from .status import Children
+from .status import Children, rebalance_record, recorded_change
 
 
 def replicas(spec: ClusterSpec) -> int:
@@ -37,11 +37,7 @@ def ready(children: Children, owner: Owner) -> int:
 
 def last_change(previous_status: Mapping[str, Any]) -> list[Change]:
     """The draft count's last change as ``status.drafts.lastRebalance`` holds it (rate limits after a restart)."""
-    last = (previous_status.get("drafts") or {}).get("lastRebalance") or {}
-    when = conditions.parse_timestamp(last.get("time"))
-    if when is None or not isinstance(last.get("from"), int) or not isinstance(last.get("to"), int):
-        return []
-    return [Change(when.timestamp(), last["from"], last["to"])]
+    return recorded_change((previous_status.get("drafts") or {}).get("lastRebalance"))
 
 
 def status(
@@ -75,13 +71,7 @@ def status(
         drafts["loads"] = rows
     last = (previous_status.get("drafts") or {}).get("lastRebalance")
     if decision is not None and decision.changed:
-        last = {
-            "time": conditions.timestamp(now),
-            "from": decision.previous,
-            "to": decision.replicas,
-            "reason": decision.reason,
-            "message": decision.message,
-        }
+        last = rebalance_record(decision, now)
     if last:
         drafts["lastRebalance"] = last
     return {"drafts": drafts}

@@ -13,9 +13,9 @@ from typing import Any
 
 from . import constants as c
 from . import diagnose, naming, pools, rollout
-from .conditions import Condition, render, timestamp
+from .conditions import Condition, parse_timestamp, render, timestamp
 from .naming import Owner
-from .rebalancer import CONVERGENCE_TIMEOUT, EXTERNAL_AUTOSCALER, NOT_CONVERGED, Decision, Load
+from .rebalancer import CONVERGENCE_TIMEOUT, EXTERNAL_AUTOSCALER, NOT_CONVERGED, Change, Decision, Load
 from .spec import ClusterSpec
 
 
@@ -103,13 +103,7 @@ def build(obs: Observation, previous: Mapping[str, Any], now: datetime) -> dict[
     if obs.load is not None:
         out["recommendedTargets"] = obs.load.optimal_targets()
     if obs.decision is not None and obs.decision.changed:
-        out["lastRebalance"] = {
-            "time": timestamp(now),
-            "from": obs.decision.previous,
-            "to": obs.decision.replicas,
-            "reason": obs.decision.reason,
-            "message": obs.decision.message,
-        }
+        out["lastRebalance"] = rebalance_record(obs.decision, now)
     wanted = [
         _ready(obs, previous, draft_cond, targets_cond, star_cond),
         draft_cond,
@@ -306,3 +300,25 @@ def _rebalancing(obs: Observation, last: Mapping[str, Any] | None) -> Condition:
     if decision is None:
         return Condition(c.COND_REBALANCING, False, "Waiting", "no decision yet")
     return Condition(c.COND_REBALANCING, False, decision.reason, decision.message)
+
+
+def rebalance_record(decision: Decision, now: datetime) -> dict[str, Any]:
+    """A change of a count as the status records it: ``status.lastRebalance`` (targets) and
+    ``status.drafts.lastRebalance`` (drafts)."""
+    return {
+        "time": timestamp(now),
+        "from": decision.previous,
+        "to": decision.replicas,
+        "reason": decision.reason,
+        "message": decision.message,
+    }
+
+
+def recorded_change(record: Mapping[str, Any] | None) -> list[Change]:
+    """The change a :func:`rebalance_record` holds (the rate limits' memory after a restart); [] for none or a
+    malformed one."""
+    record = record or {}
+    when = parse_timestamp(record.get("time"))
+    if when is None or not isinstance(record.get("from"), int) or not isinstance(record.get("to"), int):
+        return []
+    return [Change(when.timestamp(), record["from"], record["to"])]
