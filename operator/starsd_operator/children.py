@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from . import disruption, draft, network, podtemplate, pools, targets
+from . import disruption, draft, network, pools, targets
 from .naming import Owner
 from .podspec import Images
-from .spec import ClusterSpec, SpecError
+from .spec import ClusterSpec
 
 
 def desired(
@@ -19,14 +19,9 @@ def desired(
     Services come before the workloads that use their names. ``partitions`` holds each pool's StatefulSet partition (see
     :mod:`.rollout`; 0 when absent).
 
-    A pod template that asks for the star's own fields raises :class:`SpecError` naming the field."""
-    try:
-        return _desired(owner, spec, images, partitions or {})
-    except podtemplate.TemplateError as exc:
-        raise SpecError(str(exc)) from None
-
-
-def _desired(owner: Owner, spec: ClusterSpec, images: Images, partitions: Mapping[str, int]) -> list[dict[str, Any]]:
+    A pod template that asks for the star's own fields raises :class:`SpecError` (a ``TemplateError``) naming
+    the field."""
+    partitions = partitions or {}
     split = pools.split(spec.replicas, spec.pools)
     objs: list[dict[str, Any]] = [
         draft.service(owner),

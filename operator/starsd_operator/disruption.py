@@ -14,12 +14,13 @@ from starsd import defaults
 
 from . import constants as c
 from . import naming
+from .errors import SpecError
 from .naming import Owner
 
 _PERCENT = re.compile(r"^(100|[1-9]?[0-9])%$")
 
 
-class DisruptionError(ValueError):
+class DisruptionError(SpecError):
     """A ``disruption`` field the operator cannot use; the message names it."""
 
 

@@ -19,12 +19,14 @@ from typing import Any
 
 from starsd import defaults as d  # the CRD declares the same defaults and ranges (tests/test_defaults.py)
 
+from .errors import SpecError
+
 STARTUP_PERIOD = 10  # seconds between startup checks; the budget sets how many may fail
 SHM_VOLUME = "dshm"
 SHM_PATH = "/dev/shm"
 
 
-class LifecycleError(ValueError):
+class LifecycleError(SpecError):
     """A lifecycle field the operator cannot use; the message names it."""
 
 

@@ -24,6 +24,8 @@ from typing import Any
 
 from starsd import modeluri
 
+from .errors import SpecError
+
 MODEL_ROOT = "/var/lib/starsd/model"
 CACHE_ROOT = "/var/lib/starsd/cache"
 MODEL_VOLUME = "model"
@@ -44,7 +46,7 @@ CREDENTIAL_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
-class ModelSpecError(ValueError):
+class ModelSpecError(SpecError):
     """A model source the operator cannot use; the message names the field."""
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import modelsource
+from .errors import SpecError
 
 # The serving container's fields that make it the star's draft or target.
 STAR_CONTAINER_FIELDS = ("image", "command", "args", "ports")
@@ -37,9 +38,9 @@ MERGED_POD_MAPS = ("securityContext", "nodeSelector")
 MERGED_CONTAINER_MAPS = ("securityContext",)
 
 
-class TemplateError(ValueError):
+class TemplateError(SpecError):
     """A pod template that is malformed or asks for what the star needs for itself; the message names the
-    field. (:mod:`.spec` and :mod:`.children` report it as a ``SpecError``.)"""
+    field. A ``SpecError``, so the controller shows it as any other spec error."""
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from starsd import defaults as d  # the CRD declares the same defaults and range
 from . import constants as c
 from . import diagnose
 from .conditions import Condition, parse_timestamp
+from .errors import SpecError
 
 ANNOTATION_TEMPLATE_HASH = f"{c.GROUP}/template-hash"
 REVISION_LABEL = "controller-revision-hash"  # the StatefulSet controller's label on each pod
@@ -54,7 +55,7 @@ REASON_ROLLING = "PoolRolling"
 REASON_HALTED = "PoolRolloutHalted"
 
 
-class RolloutError(ValueError):
+class RolloutError(SpecError):
     """A ``rollout`` field the operator cannot use; the message names it."""
 
 

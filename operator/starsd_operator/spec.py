@@ -15,16 +15,13 @@ from starsd import defaults
 
 from . import disruption, lifecycle, modelsource, podtemplate, rollout
 from .disruption import Disruption
+from .errors import SpecError as SpecError  # re-exported: callers catch spec.SpecError
 from .lifecycle import Lifecycle
 from .modelsource import ModelSource
 from .podtemplate import PodTemplate
 from .rollout import Policy as RolloutPolicy
 
 # Defaults and limits: starsd.defaults (crds/starsdcluster.yaml declares the same; tests/test_defaults.py checks).
-
-
-class SpecError(ValueError):
-    """A spec the operator cannot act on; the message names the field."""
 
 
 @dataclass(frozen=True)
@@ -158,8 +155,8 @@ def parse(spec: Mapping[str, Any]) -> ClusterSpec:
             max_batch=_int(draft, "maxBatch", "spec.draft", defaults.DRAFT_MAX_BATCH, minimum=1),
             schedule=_choice(draft, "schedule", "spec.draft", defaults.DRAFT_SCHEDULES),
             pod_template=_pod_template(draft, "spec.draft"),
-            lifecycle=_lifecycle(draft, "spec.draft"),
-            disruption=_disruption(draft, "spec.draft"),
+            lifecycle=lifecycle.parse(draft, "spec.draft"),
+            disruption=disruption.parse(draft, "spec.draft"),
             replicas=drafts,
         ),
         target=TargetSpec(
@@ -171,8 +168,8 @@ def parse(spec: Mapping[str, Any]) -> ClusterSpec:
             max_num_seqs=_int(target, "maxNumSeqs", "spec.target", defaults.MAX_NUM_SEQS, minimum=1),
             kv_cache_tokens=_int(target, "kvCacheTokens", "spec.target", 0, minimum=0) or None,
             max_prefill_tokens=_int(target, "maxPrefillTokens", "spec.target", defaults.MAX_PREFILL_TOKENS, minimum=1),
-            lifecycle=_lifecycle(target, "spec.target"),
-            rollout=_rollout(target, "spec.target"),
+            lifecycle=lifecycle.parse(target, "spec.target"),
+            rollout=rollout.parse(target, "spec.target"),
         ),
         replicas=_int(targets, "replicas", "spec.targets", defaults.TARGET_REPLICAS, minimum=0),
         pools=pools,
@@ -223,7 +220,7 @@ def _pool(raw: Any, where: str) -> PoolSpec:
         placement=_placement(raw, where),
         model=_model(raw, where) if raw.get("model") is not None else None,
         pod_template=_pod_template(raw, where),
-        disruption=_disruption(raw, where),
+        disruption=disruption.parse(raw, where),
     )
 
 
@@ -299,38 +296,11 @@ def _rules(parent: Mapping[str, Any], key: str, window: int, step: int) -> Scali
 
 
 def _model(parent: Mapping[str, Any], where: str) -> ModelSource:
-    try:
-        return modelsource.parse(parent.get("model"), f"{where}.model")
-    except modelsource.ModelSpecError as exc:
-        raise SpecError(str(exc)) from None
+    return modelsource.parse(parent.get("model"), f"{where}.model")
 
 
 def _pod_template(parent: Mapping[str, Any], where: str) -> PodTemplate | None:
-    try:
-        return podtemplate.parse(parent.get("podTemplate"), f"{where}.podTemplate")
-    except podtemplate.TemplateError as exc:
-        raise SpecError(str(exc)) from None
-
-
-def _lifecycle(parent: Mapping[str, Any], where: str) -> Lifecycle:
-    try:
-        return lifecycle.parse(parent, where)
-    except lifecycle.LifecycleError as exc:
-        raise SpecError(str(exc)) from None
-
-
-def _rollout(parent: Mapping[str, Any], where: str) -> RolloutPolicy:
-    try:
-        return rollout.parse(parent, where)
-    except rollout.RolloutError as exc:
-        raise SpecError(str(exc)) from None
-
-
-def _disruption(parent: Mapping[str, Any], where: str) -> Disruption:
-    try:
-        return disruption.parse(parent, where)
-    except disruption.DisruptionError as exc:
-        raise SpecError(str(exc)) from None
+    return podtemplate.parse(parent.get("podTemplate"), f"{where}.podTemplate")
 
 
 def _placement(parent: Mapping[str, Any], where: str) -> Placement:
