@@ -18,6 +18,7 @@ from starsd.bench.emulated import EmulatedTarget, TargetSpec
 from starsd.bench.harness import DraftEndpoint, local_draft, run_window, wait_until_serving, window_counts
 from starsd.bench.report import Column, ratio, table
 from starsd.bench.star import StarConfig
+from starsd.proto import starsd_pb2 as pb
 
 GOAL = 0.9
 
@@ -73,7 +74,7 @@ async def measure(
     spec: TargetSpec,
     drafts: int,
     n_star: int,
-    make_info: Callable[[str], object],
+    make_info: Callable[[str], pb.InfoResponse],
 ) -> tuple[float, list[int], list[str]]:
     """Throughput of ``drafts`` drafts (the first of ``endpoints``) and ``drafts * n_star`` targets."""
     addresses = [e.address for e in endpoints[:drafts]]
@@ -82,7 +83,7 @@ async def measure(
 
     def make(i: int) -> EmulatedTarget:
         info = make_info(chosen[i])
-        return EmulatedTarget(ids[i], chosen[i], info, spec, seed=cfg.seed * 100_003 + drafts * 1_009 + i)  # type: ignore[arg-type]
+        return EmulatedTarget(ids[i], chosen[i], info, spec, seed=cfg.seed * 100_003 + drafts * 1_009 + i)
 
     w = await run_window(make, len(ids), cfg.warmup, cfg.duration, None, strict=False)
     _, tokens = window_counts(w.runs, w.t0, w.t1)
