@@ -10,29 +10,16 @@ transfer and verify included), the quantity the model calls ``max(C, N*Tq)``.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from starsd import system_model
 from starsd.bench.emulated import Round, TargetRun
+from starsd.bench.report import percentile
 
 # Gaps shorter than this between two services, seen from the targets, are jitter of the return path.
 MIN_GAP_SECONDS = 100e-6
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile (0 <= q <= 1), interpolating linearly between order statistics; 0.0 if empty."""
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"q must be in [0, 1], got {q}")
-    if not values:
-        return 0.0
-    xs = sorted(values)
-    pos = q * (len(xs) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 @dataclass(frozen=True)
@@ -143,9 +130,6 @@ class PointResult:
     model_measured_utilization: float = 0.0
     ratio_measured: float = 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def apply_measured_model(r: PointResult, inputs: ModelInputs, transfer: float) -> None:
     """Fill the ``*_measured`` fields: the model with Tq = the point's mean service, Tp = what the targets
@@ -160,18 +144,20 @@ def apply_measured_model(r: PointResult, inputs: ModelInputs, transfer: float) -
     r.ratio_measured = r.throughput / r.model_measured_throughput if r.model_measured_throughput else 0.0
 
 
+def busy_inside(intervals: Sequence[tuple[float, float]], t0: float, t1: float) -> list[tuple[float, float]]:
+    """Busy intervals (start, end) clipped to ``[t0, t1)``, overlaps merged, in order."""
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted((max(s, t0), min(e, t1)) for s, e in intervals if e > t0 and s < t1):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
 def idle_gaps(intervals: Sequence[tuple[float, float]], t0: float, t1: float) -> list[float]:
     """Gaps between busy intervals (start, end) inside ``[t0, t1)``, after merging overlaps."""
-    gaps: list[float] = []
-    last_end: float | None = None
-    for start, end in sorted(intervals):
-        if end <= t0 or start >= t1:
-            continue
-        start, end = max(start, t0), min(end, t1)
-        if last_end is not None and start > last_end:
-            gaps.append(start - last_end)
-        last_end = end if last_end is None else max(last_end, end)
-    return gaps
+    return [b[0] - a[1] for a, b in itertools.pairwise(busy_inside(intervals, t0, t1))]
 
 
 def summarize(m: PointMeasurement, inputs: ModelInputs) -> PointResult:
@@ -190,7 +176,7 @@ def summarize(m: PointMeasurement, inputs: ModelInputs) -> PointResult:
     received = [r for r in rounds if m.t0 <= r.received < m.t1]
     # The draft serves one batch at a time: with batching, answers of one pass report a share of its time.
     services = [(r.received - r.service, r.received) for r in rounds]
-    busy_targets = sum(max(0.0, min(e, m.t1) - max(s, m.t0)) for s, e in _merge(services))
+    busy_targets = sum(e - s for s, e in busy_inside(services, m.t0, m.t1))
     util_targets = min(1.0, busy_targets / window)
     counted = m.busy_seconds is not None and bool(m.busy_span)
     utilization = min(1.0, (m.busy_seconds or 0.0) / (m.busy_span or 1.0)) if counted else util_targets
@@ -242,13 +228,3 @@ def summarize(m: PointMeasurement, inputs: ModelInputs) -> PointResult:
         load=m.load,
         errors=[f"{run.target_id}: {run.error}" for run in m.runs if run.error],
     )
-
-
-def _merge(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[tuple[float, float]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged

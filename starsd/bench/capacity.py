@@ -15,13 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from starsd.bench.emulated import EmulatedTarget, TargetSpec
-from starsd.bench.harness import (
-    DraftEndpoint,
-    draft_info,
-    local_draft,
-    run_window,
-    window_counts,
-)
+from starsd.bench.harness import DraftEndpoint, local_draft, run_window, window_counts
 from starsd.bench.report import Column, Machine, ratio, table
 
 TARGETS_NICENESS = 10  # added to this process's niceness once the drafts run (see measure_capacity)
@@ -63,26 +57,18 @@ async def _capacity_window(
     duration: float,
     session_tokens: int,
 ) -> CapacityPoint:
-    info = await draft_info(endpoint.address)
-    spec = TargetSpec(
-        gamma=gamma,
-        betas=(0.7,) * gamma,
-        verify_seconds=0.0,
-        wire_seconds=0.0,
-        vocab_size=int(info.vocab_size),
-        session_tokens=session_tokens,
-    )
+    spec = TargetSpec(gamma, (0.7,) * gamma, 0.0, 0.0, int(endpoint.info.vocab_size), session_tokens=session_tokens)
     w = await run_window(
-        lambda i: EmulatedTarget(f"t{i}", endpoint.address, info, spec, seed=i), sessions, warmup, duration, endpoint
+        lambda i: EmulatedTarget(f"t{i}", endpoint.address, endpoint.info, spec, seed=i),
+        sessions,
+        warmup,
+        duration,
+        endpoint,
     )
-    assert w.before is not None and w.after is not None
-    start, end = w.before, w.after
-    d = {k: v - start.samples[k] for k, v in end.samples.items() if k in start.samples}
-    wall = end.wall - start.wall
-    draft_cpu = end.draft_cpu - start.draft_cpu if end.draft_cpu is not None and start.draft_cpu is not None else None
+    assert w.change is not None
+    d, span = w.change, w.t1 - w.t0
     rounds, tokens = window_counts(w.runs, w.t0, w.t1)
     services = [r.service for run in w.runs for r in run.rounds if w.t0 <= r.committed < w.t1]
-    span = w.t1 - w.t0
     return CapacityPoint(
         batch,
         sessions,
@@ -92,9 +78,9 @@ async def _capacity_window(
         rounds / span,
         tokens / span,
         statistics.median(services) * 1e3 if services else 0.0,
-        ratio(d.get("starsd_draft_batch_size_sum", 0.0), d.get("starsd_draft_batch_size_count", 0.0)),
-        ratio(d.get("starsd_draft_busy_seconds_total", 0.0), wall),
-        ratio(draft_cpu, wall) if draft_cpu is not None else None,
+        ratio(d.samples.get("starsd_draft_batch_size_sum", 0.0), d.samples.get("starsd_draft_batch_size_count", 0.0)),
+        ratio(d.samples.get("starsd_draft_busy_seconds_total", 0.0), d.wall),
+        ratio(d.draft_cpu, d.wall) if d.draft_cpu is not None else None,
     )
 
 

@@ -10,15 +10,14 @@ at N* (docs/architecture.md section 2: D drafts keep D x N* targets busy), goal 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from starsd.assignment import ordered_drafts
 from starsd.bench.emulated import EmulatedTarget, TargetSpec
-from starsd.bench.harness import DraftEndpoint, local_draft, run_window, wait_until_serving, window_counts
+from starsd.bench.harness import DraftEndpoint, local_draft, run_window, window_counts
 from starsd.bench.report import Column, ratio, table
 from starsd.bench.star import StarConfig
-from starsd.proto import starsd_pb2 as pb
 
 GOAL = 0.9
 
@@ -69,46 +68,28 @@ def assign(target_ids: Sequence[str], addresses: Sequence[str]) -> list[str]:
 
 
 async def measure(
-    cfg: StarConfig,
-    endpoints: Sequence[DraftEndpoint],
-    spec: TargetSpec,
-    drafts: int,
-    n_star: int,
-    make_info: Callable[[str], pb.InfoResponse],
+    cfg: StarConfig, endpoints: Sequence[DraftEndpoint], spec: TargetSpec, drafts: int, n_star: int
 ) -> tuple[float, list[int], list[str]]:
     """Throughput of ``drafts`` drafts (the first of ``endpoints``) and ``drafts * n_star`` targets."""
-    addresses = [e.address for e in endpoints[:drafts]]
+    by_address = {e.address: e for e in endpoints[:drafts]}
     ids = [f"bench-d{drafts}-t{i}" for i in range(drafts * n_star)]
-    chosen = assign(ids, addresses)
+    chosen = assign(ids, list(by_address))
 
     def make(i: int) -> EmulatedTarget:
-        info = make_info(chosen[i])
-        return EmulatedTarget(ids[i], chosen[i], info, spec, seed=cfg.seed * 100_003 + drafts * 1_009 + i)
+        return EmulatedTarget(ids[i], chosen[i], by_address[chosen[i]].info, spec, cfg.target_seed(drafts, i))
 
     w = await run_window(make, len(ids), cfg.warmup, cfg.duration, None, strict=False)
     _, tokens = window_counts(w.runs, w.t0, w.t1)
-    return tokens / (w.t1 - w.t0), [chosen.count(a) for a in addresses], w.errors
+    return tokens / (w.t1 - w.t0), [chosen.count(a) for a in by_address], w.errors
 
 
 async def run_drafts(cfg: StarConfig, draft_counts: Sequence[int], extra: list[str]) -> DraftsReport:
     """Start max(D) emulated drafts, then measure one draft at N* and every D at D x N*."""
-    p = cfg.profile
     n_star = cfg.model_inputs().optimal_targets()
-    top = max(draft_counts)
     async with contextlib.AsyncExitStack() as stack:
-        endpoints = [await stack.enter_async_context(local_draft(extra)) for _ in range(top)]
-        infos = {e.address: await wait_until_serving(e.address, 30.0) for e in endpoints}
-        spec = TargetSpec(
-            gamma=p.gamma,
-            betas=cfg.betas,
-            verify_seconds=p.tp,
-            wire_seconds=p.tc,
-            vocab_size=int(next(iter(infos.values())).vocab_size),
-            session_tokens=cfg.session_tokens,
-        )
-        results = {}
-        for d in sorted({1, *draft_counts}):
-            results[d] = await measure(cfg, endpoints, spec, d, n_star, infos.__getitem__)
+        endpoints = [await stack.enter_async_context(local_draft(extra)) for _ in range(max(draft_counts))]
+        spec = cfg.target_spec(int(endpoints[0].info.vocab_size))
+        results = {d: await measure(cfg, endpoints, spec, d, n_star) for d in sorted({1, *draft_counts})}
     one = results[1][0]
     points = [
         DraftsPoint(d, d * n_star, tput, per, ratio(tput, d * one), errors)
@@ -116,9 +97,9 @@ async def run_drafts(cfg: StarConfig, draft_counts: Sequence[int], extra: list[s
         if d in draft_counts
     ]
     return DraftsReport(
-        profile=p.name,
+        profile=cfg.profile.name,
         optimal_targets=n_star,
-        draft_service_time=cfg.draft_service_time or p.tq,
+        draft_service_time=cfg.draft_service_time or cfg.profile.tq,
         duration=cfg.duration,
         warmup=cfg.warmup,
         one_draft_throughput=one,

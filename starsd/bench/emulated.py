@@ -56,6 +56,7 @@ class TargetSpec:
     timeout: float = 30.0  # longest wait for one proposal: a round that waits longer decodes alone (an error)
     max_num_seqs: int = 1  # an emulated target runs one session at a time: its demand report is 1 of this
     adaptive: bool = False  # choose gamma per round as ``starsd target --adaptive-gamma`` does
+    temperature: float = 0.0  # > 0: sampled completions (the draft sends its top-k distributions)
 
     def __post_init__(self) -> None:
         if len(self.betas) != self.gamma or not all(0.0 <= b <= 1.0 for b in self.betas):
@@ -74,6 +75,8 @@ class Round:
     tokens: int  # accepted + 1
     accepted: int
     service: float  # the draft's compute time for this request, as it reported
+    request_bytes: int = 0  # the request and the answer as protobuf payloads
+    response_bytes: int = 0
 
 
 @dataclass
@@ -115,6 +118,8 @@ class _Exchange:
     sent: float = 0.0
     received: float = 0.0
     service: float = 0.0
+    request_bytes: int = 0
+    response_bytes: int = 0
 
 
 class EmulatedTargetRunner(TargetRunner):
@@ -175,8 +180,9 @@ class EmulatedTargetRunner(TargetRunner):
             session.committed.extend(outcome.tokens)
             if row.drafts:
                 ex = self.exchange
+                tokens, sizes = len(outcome.tokens), (ex.request_bytes, ex.response_bytes)
                 self.run.rounds.append(
-                    Round(ex.sent, ex.received, committed, len(outcome.tokens), outcome.accepted, ex.service)
+                    Round(ex.sent, ex.received, committed, tokens, outcome.accepted, ex.service, *sizes)
                 )
                 self.run.verify_actual.append(held)
                 self.run.gammas.append(len(row.drafts))
@@ -205,12 +211,13 @@ class RecordingDraftClient(DraftClient):
         if future is None or req.release:
             return future
         ex = self.exchange
-        ex.sent = time.perf_counter()
+        ex.sent, ex.request_bytes = time.perf_counter(), req.ByteSize()
 
         def answered(done: asyncio.Future[pb.ProposeResponse | None]) -> None:
             ex.received = time.perf_counter()
             response = None if done.cancelled() else done.result()
             ex.service = float(response.service_seconds) if response is not None else 0.0
+            ex.response_bytes = response.ByteSize() if response is not None else 0
 
         future.add_done_callback(answered)
         return future
@@ -268,13 +275,13 @@ class EmulatedTarget:
     async def run(self, stop: asyncio.Event) -> TargetRun:
         """Completions until ``stop`` is set; the round in flight finishes, then its session is released."""
         spec, record = self.spec, self.run_record
-        greedy = SamplingParams(temperature=0.0)
+        params = SamplingParams(temperature=spec.temperature)
         try:
             while not stop.is_set():
                 prompt = [self.rng.randrange(spec.vocab_size) for _ in range(spec.prompt_tokens)]
                 stats = GenerationStats()
                 # A session ends once it has ``session_tokens`` (checked here, so every round asks for full gamma).
-                rounds = self.engine.generate(prompt, spec.session_tokens + spec.gamma + 1, greedy, stats)
+                rounds = self.engine.generate(prompt, spec.session_tokens + spec.gamma + 1, params, stats)
                 try:
                     async for _ in rounds:
                         if stats.fallback_tokens:

@@ -12,12 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from starsd.bench.emulated import EmulatedTarget, TargetRun, TargetSpec
-from starsd.bench.harness import (
-    draft_info,
-    local_draft,
-    run_window,
-    window_counts,
-)
+from starsd.bench.harness import local_draft, run_window, window_counts
 from starsd.bench.report import Column, Machine, table
 from starsd.proto import starsd_pb2 as pb
 
@@ -79,10 +74,9 @@ async def measure_fairness(
     for schedule in schedules:
         extra = ["--emulate-service-time", repr(tq), "--schedule", schedule, "--max-sessions", "256"]
         async with local_draft(extra) as endpoint:
-            info = await draft_info(endpoint.address)
-            spec = TargetSpec(gamma, (alpha,) * gamma, tp, 0.0, int(info.vocab_size))
+            spec = TargetSpec(gamma, (alpha,) * gamma, tp, 0.0, int(endpoint.info.vocab_size))
             # A target with several sessions is emulated as that many one-session targets under its id.
-            make = functools.partial(_skewed_target, ids, endpoint.address, info, spec)
+            make = functools.partial(_skewed_target, ids, endpoint.address, endpoint.info, spec)
             w = await run_window(make, len(ids), warmup, duration)
         points.append(fairness_point(schedule, per_target_throughput(w.runs, w.t0, w.t1)))
     return points

@@ -13,16 +13,9 @@ from dataclasses import dataclass, field
 
 from starsd import system_model
 from starsd.bench.emulated import EmulatedTarget, RoundDraws, TargetSpec
-from starsd.bench.harness import (
-    draft_info,
-    local_draft,
-    run_window,
-    window_counts,
-)
+from starsd.bench.harness import local_draft, run_window, window_counts
 from starsd.bench.report import Column, Machine, ratio, table
 from starsd.proto import starsd_pb2 as pb
-
-GammaPolicy = int | str  # a fixed gamma, or "adaptive"
 
 
 @dataclass
@@ -90,35 +83,22 @@ async def measure_gamma(
         prof = profiles.get(name)
         token_time = prof.tq / prof.gamma  # Tq is gamma sequential draft steps
         n_star = max(1, round(system_model.optimal_targets(prof.tq, prof.tp, prof.tc)))
-        extra = [
-            "--emulate-service-time",
-            "0",
-            "--emulate-token-time",
-            repr(token_time),
-            "--max-gamma",
-            str(max(16, max_gamma)),
-            "--max-sessions",
-            "1024",
-        ]
-
+        extra = ["--emulate-service-time", "0", "--emulate-token-time", repr(token_time), "--max-sessions", "1024"]
+        extra += ["--max-gamma", str(max(16, max_gamma))]
         async with local_draft(extra) as endpoint:
-            info = await draft_info(endpoint.address)
-            for mult in n_multipliers:
-                n = n_star * mult
-                policies: list[GammaPolicy] = [*gammas, "adaptive"]
-                for policy in policies:
+            for n in (n_star * mult for mult in n_multipliers):
+                for policy in [*gammas, "adaptive"]:
                     gamma = max_gamma if policy == "adaptive" else int(policy)
                     spec = TargetSpec(
-                        gamma=gamma,
-                        betas=(prof.alpha,) * gamma,
-                        verify_seconds=prof.tp,
-                        wire_seconds=prof.tc,
-                        vocab_size=int(info.vocab_size),
+                        gamma,
+                        (prof.alpha,) * gamma,
+                        prof.tp,
+                        prof.tc,
+                        int(endpoint.info.vocab_size),
                         adaptive=policy == "adaptive",
                     )
-
                     width = max(max_gamma, *gammas)
-                    make = functools.partial(_gamma_target, endpoint.address, info, spec, prof.alpha, width)
+                    make = functools.partial(_gamma_target, endpoint.address, endpoint.info, spec, prof.alpha, width)
                     w = await run_window(make, n, warmup, duration)
                     _, tokens = window_counts(w.runs, w.t0, w.t1)
                     used = [g for run in w.runs for g in run.gammas]

@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class DraftEndpoint:
     address: str  # host:port of the gRPC service
-    load_url: str | None  # http://host:port/v1/load
+    info: pb.InfoResponse  # its vocabulary and model, as a target checks them before it connects
+    load_url: str | None = None  # http://host:port/v1/load
     pid: int | None = None  # the local process, when the benchmark started it
 
     @property
@@ -77,7 +78,7 @@ async def local_draft(draft_args: Sequence[str]) -> AsyncIterator[DraftEndpoint]
             raise RuntimeError(str(exc)) from None
         try:
             pid = star.draft.popen.pid if star.draft and star.draft.popen else None
-            yield DraftEndpoint(star.draft_address, star.load_url, pid)
+            yield await reach_draft(star.draft_address, star.load_url, pid)
         finally:
             await asyncio.to_thread(star.stop)
 
@@ -89,12 +90,14 @@ async def draft_info(address: str, timeout: float = 10.0) -> pb.InfoResponse:
         return info
 
 
-async def wait_until_serving(address: str, timeout: float) -> pb.InfoResponse:
-    """:func:`draft_info` of a draft that is already running, once it answers (RuntimeError if it does not)."""
+async def reach_draft(
+    address: str, load_url: str | None = None, pid: int | None = None, timeout: float = 30.0
+) -> DraftEndpoint:
+    """The endpoint of a serving draft, once it answers :func:`draft_info` (RuntimeError if it does not)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return await draft_info(address, timeout=2.0)
+            return DraftEndpoint(address, await draft_info(address, timeout=2.0), load_url, pid)
         except grpc.aio.AioRpcError as exc:
             if time.monotonic() > deadline:
                 raise RuntimeError(
@@ -112,6 +115,12 @@ class Reading:
     draft_cpu: float | None  # the draft process's (and its model process's), when it runs here
     load: dict[str, Any] | None  # the draft's /v1/load, when it could be read
     samples: dict[str, float]  # DRAFT_SAMPLES from its /metrics
+
+    def since(self, start: Reading) -> Reading:
+        """What changed from ``start`` to this reading (``load`` stays this reading's)."""
+        draft_cpu = None if self.draft_cpu is None or start.draft_cpu is None else self.draft_cpu - start.draft_cpu
+        samples = {k: v - start.samples[k] for k, v in self.samples.items() if k in start.samples}
+        return Reading(self.wall - start.wall, self.cpu - start.cpu, draft_cpu, self.load, samples)
 
 
 async def read_draft(endpoint: DraftEndpoint) -> Reading:
@@ -143,6 +152,11 @@ class Window:
     before: Reading | None = None  # read_draft() at both ends, when the window had a draft endpoint
     after: Reading | None = None
     loop_lags: list[float] = field(default_factory=list)
+
+    @property
+    def change(self) -> Reading | None:
+        """The probe's change across the window (None without a draft endpoint)."""
+        return self.after.since(self.before) if self.after and self.before else None
 
     @property
     def errors(self) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -68,19 +69,61 @@ def write_json(path: Path | None, record: Any) -> None:
     print(f"wrote {path}")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Machine:
-    """Where and when a benchmark ran (a shared machine's load shows in every figure)."""
+    """Where and when a benchmark ran, and how busy the machine was at both ends (other work shows in every figure)."""
 
-    loadavg_before: list[float]
     cpus: int | None
     time: float
+    loadavg_before: list[float] | None
+    cpu_pressure_before: float | None  # Linux PSI: % of the last 60 s in which a runnable task waited for a CPU
+    loadavg_after: list[float] | None = None
+    cpu_pressure_after: float | None = None
 
     @classmethod
     def now(cls) -> Machine:
-        return cls(list(os.getloadavg()), os.cpu_count(), time.time())
+        return cls(os.cpu_count(), time.time(), _loadavg(), _cpu_pressure())
+
+    def finished(self) -> Machine:
+        """Note the load at the end of the run (returns itself)."""
+        self.loadavg_after, self.cpu_pressure_after = _loadavg(), _cpu_pressure()
+        return self
+
+    def describe(self) -> str:
+        return (
+            f"host: {self.cpus} CPUs, load average {self.loadavg_before}, CPU pressure (some, 60 s) "
+            f"{self.cpu_pressure_before}% before / {self.cpu_pressure_after}% after"
+        )
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _cpu_pressure() -> float | None:
+    try:
+        first = Path("/proc/pressure/cpu").read_text().splitlines()[0].split()
+        return float(dict(item.split("=", 1) for item in first[1:] if "=" in item)["avg60"])
+    except (OSError, IndexError, KeyError, ValueError):
+        return None
 
 
 def ratio(a: float, b: float) -> float | None:
     """``a / b``, or None when ``b`` is not positive (a figure that cannot be formed prints as a dash)."""
     return a / b if b > 0 else None
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0 <= q <= 1), interpolating linearly between order statistics; 0.0 if empty."""
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must be in [0, 1], got {q}")
+    if not values:
+        return 0.0
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import random
 import statistics
 import time
@@ -20,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from starsd.bench.report import Column, table
+from starsd.bench.report import Column, percentile, table
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ class RequestRecord:
 
 @dataclass(frozen=True)
 class Percentiles:
-    """Mean and nearest-rank percentiles of one latency, in seconds (zeros when nothing was measured)."""
+    """Mean and percentiles of one latency, in seconds (zeros when nothing was measured)."""
 
     mean: float = 0.0
     p50: float = 0.0
@@ -66,12 +65,7 @@ class Percentiles:
     def of(cls, values: Sequence[float]) -> Percentiles:
         if not values:
             return cls()
-        ordered = sorted(values)
-
-        def rank(p: int) -> float:
-            return ordered[max(0, min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1))]
-
-        return cls(statistics.fmean(ordered), rank(50), rank(90), rank(99))
+        return cls(statistics.fmean(values), *(percentile(values, q) for q in (0.5, 0.9, 0.99)))
 
 
 @dataclass(frozen=True)
@@ -213,21 +207,14 @@ async def run_async(config: ServeConfig) -> ServeResult:
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         for i in range(config.warmup):
             await _one(session, config.urls[i % len(config.urls)], config, prompts[config.requests + i])
-        queue: asyncio.Queue[int] = asyncio.Queue()
-        for i in range(config.requests):
-            queue.put_nowait(i)
-        records: list[RequestRecord] = [RequestRecord() for _ in range(config.requests)]
+        slots = asyncio.Semaphore(config.concurrency)
 
-        async def worker() -> None:
-            while True:
-                try:
-                    i = queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    return
-                records[i] = await _one(session, config.urls[i % len(config.urls)], config, prompts[i])
+        async def request(i: int) -> RequestRecord:
+            async with slots:
+                return await _one(session, config.urls[i % len(config.urls)], config, prompts[i])
 
         start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(min(config.concurrency, config.requests))))
+        records = await asyncio.gather(*(request(i) for i in range(config.requests)))
         wall = time.perf_counter() - start
     return summarize(config, records, wall)
 

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from starsd import system_model
@@ -29,8 +27,7 @@ from starsd.bench.analysis import ModelInputs, PointMeasurement, PointResult
 from starsd.bench.emulated import EmulatedTarget, TargetSpec
 from starsd.bench.harness import DraftEndpoint, run_window
 from starsd.bench.profiles import Profile
-from starsd.bench.report import Column, table, to_json
-from starsd.proto import starsd_pb2 as pb
+from starsd.bench.report import Column, Machine, table
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +49,14 @@ class StarConfig:
     def betas(self) -> tuple[float, ...]:
         return tuple(system_model.position_acceptance(self.profile.gamma, alpha=self.profile.alpha))
 
+    def target_seed(self, point: int, i: int) -> int:
+        """Target ``i``'s seed at sweep point ``point`` (its acceptance draws, its prompts)."""
+        return self.seed * 100_003 + point * 1_009 + i
+
+    def target_spec(self, vocab_size: int) -> TargetSpec:
+        p = self.profile
+        return TargetSpec(p.gamma, self.betas, p.tp, p.tc, vocab_size, session_tokens=self.session_tokens)
+
     def model_inputs(self, measured_tq: float | None = None) -> ModelInputs:
         p = self.profile
         tq = self.draft_service_time if self.draft_service_time is not None else measured_tq
@@ -71,25 +76,18 @@ def sweep_ns(requested: tuple[int, ...] | None, n_star: int) -> tuple[int, ...]:
     return tuple(sorted(ns))
 
 
-async def measure_point(
-    endpoint: DraftEndpoint, info: pb.InfoResponse, n: int, spec: TargetSpec, cfg: StarConfig
-) -> PointMeasurement:
+async def measure_point(endpoint: DraftEndpoint, n: int, spec: TargetSpec, cfg: StarConfig) -> PointMeasurement:
     def make(i: int) -> EmulatedTarget:
-        return EmulatedTarget(f"bench-n{n}-t{i}", endpoint.address, info, spec, seed=cfg.seed * 100_003 + n * 1_009 + i)
+        return EmulatedTarget(f"bench-n{n}-t{i}", endpoint.address, endpoint.info, spec, cfg.target_seed(n, i))
 
     w = await run_window(make, n, cfg.warmup, cfg.duration, endpoint, strict=False)
-    assert w.before is not None and w.after is not None
-    start, end = w.before, w.after
-    m = PointMeasurement(n, w.runs, w.t0, w.t1, loop_lags=w.loop_lags, targets_cpu_seconds=end.cpu - start.cpu)
-    if start.draft_cpu is not None and end.draft_cpu is not None:
-        m.draft_cpu_seconds = end.draft_cpu - start.draft_cpu
-    m.load = end.load
-    busy = "busy_seconds_total"
-    if start.load and end.load and busy in start.load and busy in end.load:
-        # The draft's own busy counter across the window; without it, the targets' view stands in.
-        m.busy_seconds = float(end.load[busy]) - float(start.load[busy])
-        m.busy_span = end.wall - start.wall
-    return m
+    d = w.change
+    assert d is not None
+    # The draft's own busy counter across the window; without it, the targets' view stands in.
+    busy = d.samples.get("starsd_draft_busy_seconds_total")
+    return PointMeasurement(
+        n, w.runs, w.t0, w.t1, busy, d.wall if busy is not None else None, d.load, d.draft_cpu, d.cpu, w.loop_lags
+    )
 
 
 @dataclass(frozen=True)
@@ -105,17 +103,6 @@ class ModelInputsRecord:
     expected_tokens_per_round: float
     cycle_time: float
     optimal_targets: int
-
-
-@dataclass(frozen=True)
-class Host:
-    """How busy the machine was (other work shows up as overhead)."""
-
-    cpus: int | None
-    loadavg_before: list[float] | None
-    loadavg_after: list[float] | None
-    cpu_pressure_avg60_before: float | None
-    cpu_pressure_avg60_after: float | None
 
 
 UNITS = {
@@ -143,7 +130,7 @@ class RunConfig:
     seed: int
     model_inputs: ModelInputsRecord
     measured_service_time: float | None
-    host: Host | None = None
+    machine: Machine
     units: dict[str, str] = field(default_factory=lambda: dict(UNITS))
     baselines: dict[str, str] = field(default_factory=lambda: dict(BASELINES))
 
@@ -185,28 +172,17 @@ class StarReport:
     summary: StarSummary
     results: list[PointResult]
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(to_json(self))
-
     def table(self) -> str:
         return format_table(self)
 
 
-async def run_star(cfg: StarConfig, endpoint: DraftEndpoint, info: pb.InfoResponse, progress: Any = None) -> StarReport:
+async def run_star(cfg: StarConfig, endpoint: DraftEndpoint, progress: Any = None) -> StarReport:
     """Sweep ``cfg.ns`` against a serving draft; baselines and the summary included."""
-    p = cfg.profile
-    spec = TargetSpec(
-        gamma=p.gamma,
-        betas=cfg.betas,
-        verify_seconds=p.tp,
-        wire_seconds=p.tc,
-        vocab_size=int(info.vocab_size),
-        session_tokens=cfg.session_tokens,
-    )
+    spec = cfg.target_spec(int(endpoint.info.vocab_size))
     measurements: list[PointMeasurement] = []
-    load_before, pressure_before = _loadavg(), _cpu_pressure()
+    machine = Machine.now()
     for n in cfg.ns:
-        m = await measure_point(endpoint, info, n, spec, cfg)
+        m = await measure_point(endpoint, n, spec, cfg)
         measurements.append(m)
         if progress:
             progress(n, m)
@@ -218,33 +194,12 @@ async def run_star(cfg: StarConfig, endpoint: DraftEndpoint, info: pb.InfoRespon
     pair_model = inputs.point(1)[0]
     transfer = pair.overhead_p50 / 2  # one way: the N=1 round trip minus service, where nothing queues
     for r in results:
-        r.target_only_throughput = r.n / p.tp1
+        r.target_only_throughput = r.n / cfg.profile.tp1
         r.pairs_throughput = r.n * pair.throughput
         r.pairs_model_throughput = r.n * pair_model
         analysis.apply_measured_model(r, inputs, transfer)
-    # Other work on the machine shows up as overhead: say how busy it was.
-    host = Host(os.cpu_count(), load_before, _loadavg(), pressure_before, _cpu_pressure())
-    return StarReport(run_config(cfg, inputs, measured_tq, host), summarize_star(results, inputs, p), results)
-
-
-def _loadavg() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
-def _cpu_pressure() -> float | None:
-    """Linux PSI: % of the last 60 s in which some runnable task waited for a CPU (None elsewhere)."""
-    try:
-        first = Path("/proc/pressure/cpu").read_text().splitlines()[0].split()
-    except (OSError, IndexError):
-        return None
-    values = dict(item.split("=", 1) for item in first[1:] if "=" in item)
-    try:
-        return float(values["avg60"])
-    except (KeyError, ValueError):
-        return None
+    config = run_config(cfg, inputs, measured_tq, machine.finished())
+    return StarReport(config, summarize_star(results, inputs, cfg.profile), results)
 
 
 def _mean_service(measurements: list[PointMeasurement]) -> float | None:
@@ -252,7 +207,7 @@ def _mean_service(measurements: list[PointMeasurement]) -> float | None:
     return sum(services) / len(services) if services else None
 
 
-def run_config(cfg: StarConfig, inputs: ModelInputs, measured_tq: float | None, host: Host | None) -> RunConfig:
+def run_config(cfg: StarConfig, inputs: ModelInputs, measured_tq: float | None, machine: Machine) -> RunConfig:
     emulated = cfg.draft_service_time is not None
     return RunConfig(
         profile=cfg.profile.to_dict(),
@@ -275,7 +230,7 @@ def run_config(cfg: StarConfig, inputs: ModelInputs, measured_tq: float | None, 
             optimal_targets=inputs.optimal_targets(),
         ),
         measured_service_time=measured_tq,
-        host=host,
+        machine=machine,
     )
 
 
@@ -368,19 +323,13 @@ def _verdicts(goals: dict[str, bool] | dict[str, bool | None]) -> str:
 
 def format_table(report: StarReport) -> str:
     cfg, s = report.config, report.summary
-    mi, p, host = cfg.model_inputs, cfg.profile, cfg.host
+    mi, p = cfg.model_inputs, cfg.profile
     lines = [
         f"profile {p['name']} [{p['kind']}]: Tq={mi.tq * 1e3:.3f} ms ({mi.tq_source}), "
         f"Tp={mi.tp * 1e3:.3f} ms, Tc={mi.tc * 1e3:.3f} ms, gamma={mi.gamma}, alpha={mi.alpha}, "
         f"E[l]+1={mi.expected_tokens_per_round:.3f}, N*={mi.optimal_targets}",
         f"{cfg.duration:.1f} s measured per point after {cfg.warmup:.1f} s of warm-up; "
-        f"latency = one target's round (request to next request); "
-        + (
-            f"host: {host.cpus} CPUs, load average {host.loadavg_before}, CPU pressure (some, 60 s) "
-            f"{host.cpu_pressure_avg60_before}% before / {host.cpu_pressure_avg60_after}% after"
-            if host
-            else "host: unknown"
-        ),
+        f"latency = one target's round (request to next request); {cfg.machine.describe()}",
         "",
     ]
     head, *rows = table(report.results, POINT_COLUMNS, sep=" ")

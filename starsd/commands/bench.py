@@ -213,7 +213,7 @@ def run_star_command(args: argparse.Namespace) -> int:
     if args.plot:
         from starsd.bench.plot import plot_star
 
-        plot_star(report.to_dict(), args.plot)
+        plot_star(report, cfg.model_inputs(report.config.measured_service_time), args.plot)
         print(f"wrote {args.plot}")
     return 0
 
@@ -236,7 +236,7 @@ def run_drafts_command(cfg: StarConfig, extra: list[str], args: argparse.Namespa
 
 async def _run(cfg: StarConfig, extra: list[str], args: argparse.Namespace) -> StarReport:
     from starsd.bench.analysis import PointMeasurement
-    from starsd.bench.harness import DraftEndpoint, local_draft, wait_until_serving
+    from starsd.bench.harness import DraftEndpoint, local_draft, reach_draft
     from starsd.bench.star import run_star
 
     started = time.perf_counter()
@@ -252,13 +252,12 @@ async def _run(cfg: StarConfig, extra: list[str], args: argparse.Namespace) -> S
             )
 
     async def sweep(endpoint: DraftEndpoint) -> StarReport:
-        info = await wait_until_serving(endpoint.address, 30.0)
         if not args.quiet:
             print(f"sweeping N = {', '.join(map(str, cfg.ns))}", file=sys.stderr)
-        return await run_star(cfg, endpoint, info, progress)
+        return await run_star(cfg, endpoint, progress)
 
     if args.draft_address:
-        return await sweep(DraftEndpoint(args.draft_address, args.draft_load_url))
+        return await sweep(await reach_draft(args.draft_address, args.draft_load_url))
     if not args.quiet:
         print(f"starting the draft: starsd draft {' '.join(extra)}", file=sys.stderr)
     async with local_draft(extra) as endpoint:

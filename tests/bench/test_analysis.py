@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from starsd import system_model
-from starsd.bench.analysis import ModelInputs, PointMeasurement, idle_gaps, percentile, summarize
+from starsd.bench.analysis import ModelInputs, PointMeasurement, idle_gaps, summarize
 from starsd.bench.emulated import Round, TargetRun
+from starsd.bench.report import percentile
 
 TQ, TP, TC = 0.004, 0.010, 0.001  # C = 0.016, N* = 4
 INPUTS = ModelInputs(tq=TQ, tp=TP, tc=TC, gamma=4, betas=(0.8,) * 4)
