@@ -13,6 +13,7 @@ import os
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from starsd.bench.emulated import EmulatedTarget, TargetSpec
 from starsd.bench.harness import DraftEndpoint, local_draft, run_window, window_counts
@@ -104,7 +105,7 @@ async def measure_capacity(
     async with contextlib.AsyncExitStack() as drafts:
         endpoints = {
             b: await drafts.enter_async_context(
-                local_draft(["--model", draft_model, "--max-batch", str(b), "--max-sessions", str(4 * sessions + 64)])
+                local_draft(Path(draft_model), args=["--max-batch", str(b), "--max-sessions", str(4 * sessions + 64)])
             )
             for b in dict.fromkeys(batches)
         }

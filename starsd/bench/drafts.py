@@ -87,7 +87,8 @@ async def run_drafts(cfg: StarConfig, draft_counts: Sequence[int], extra: list[s
     """Start max(D) emulated drafts, then measure one draft at N* and every D at D x N*."""
     n_star = cfg.model_inputs().optimal_targets()
     async with contextlib.AsyncExitStack() as stack:
-        endpoints = [await stack.enter_async_context(local_draft(extra)) for _ in range(max(draft_counts))]
+        drafts = [local_draft(emulate=cfg.draft_service_time, args=extra) for _ in range(max(draft_counts))]
+        endpoints = [await stack.enter_async_context(d) for d in drafts]
         spec = cfg.target_spec(int(endpoints[0].info.vocab_size))
         results = {d: await measure(cfg, endpoints, spec, d, n_star) for d in sorted({1, *draft_counts})}
     one = results[1][0]

@@ -72,8 +72,7 @@ async def measure_fairness(
     ids = skewed_targets(busy_sessions, small_targets)
     points: list[FairnessPoint] = []
     for schedule in schedules:
-        extra = ["--emulate-service-time", repr(tq), "--schedule", schedule, "--max-sessions", "256"]
-        async with local_draft(extra) as endpoint:
+        async with local_draft(emulate=tq, args=["--schedule", schedule, "--max-sessions", "256"]) as endpoint:
             spec = TargetSpec(gamma, (alpha,) * gamma, tp, 0.0, int(endpoint.info.vocab_size))
             # A target with several sessions is emulated as that many one-session targets under its id.
             make = functools.partial(_skewed_target, ids, endpoint.address, endpoint.info, spec)

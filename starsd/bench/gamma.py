@@ -83,11 +83,11 @@ async def measure_gamma(
         prof = profiles.get(name)
         token_time = prof.tq / prof.gamma  # Tq is gamma sequential draft steps
         n_star = max(1, round(system_model.optimal_targets(prof.tq, prof.tp, prof.tc)))
-        extra = ["--emulate-service-time", "0", "--emulate-token-time", repr(token_time), "--max-sessions", "1024"]
+        extra = ["--emulate-token-time", repr(token_time), "--max-sessions", "1024"]
         extra += ["--max-gamma", str(max(16, max_gamma))]
-        async with local_draft(extra) as endpoint:
+        async with local_draft(emulate=0.0, args=extra) as endpoint:
             for n in (n_star * mult for mult in n_multipliers):
-                for policy in [*gammas, "adaptive"]:
+                for policy in [*map(str, gammas), "adaptive"]:
                     gamma = max_gamma if policy == "adaptive" else int(policy)
                     spec = TargetSpec(
                         gamma,
@@ -103,7 +103,7 @@ async def measure_gamma(
                     _, tokens = window_counts(w.runs, w.t0, w.t1)
                     used = [g for run in w.runs for g in run.gammas]
                     point = GammaPoint(
-                        prof.name, n, str(policy), tokens / (w.t1 - w.t0), statistics.fmean(used) if used else 0.0
+                        prof.name, n, policy, tokens / (w.t1 - w.t0), statistics.fmean(used) if used else 0.0
                     )
                     points.append(point)
                     if progress:

@@ -45,32 +45,19 @@ class DraftEndpoint:
         return self.load_url.removesuffix("/v1/load") + "/metrics" if self.load_url else None
 
 
-def draft_source(draft_args: Sequence[str]) -> tuple[Path | None, float | None, list[str]]:
-    """Split ``starsd draft`` flags into (``--model``, ``--emulate-service-time``, the rest)."""
-    args, model, emulated = list(draft_args), None, None
-    for flag in ("--model", "--emulate-service-time"):
-        if flag in args:
-            i = args.index(flag)
-            value = args[i + 1]
-            del args[i : i + 2]
-            if flag == "--model":
-                model = Path(value)
-            else:
-                emulated = float(value)
-    if (model is None) == (emulated is None):
-        raise ValueError("a benchmark's draft needs exactly one of --model and --emulate-service-time")
-    return model, emulated, args
-
-
 @contextlib.asynccontextmanager
-async def local_draft(draft_args: Sequence[str]) -> AsyncIterator[DraftEndpoint]:
-    """``starsd draft DRAFT_ARGS`` (with ``--model`` or ``--emulate-service-time``) on free loopback ports."""
+async def local_draft(
+    model: Path | None = None, emulate: float | None = None, args: Sequence[str] = ()
+) -> AsyncIterator[DraftEndpoint]:
+    """``starsd draft`` on a checkpoint (``model``) or emulating a service time, plus ``args``, on free loopback
+    ports; stopped on exit."""
     from starsd.local import LocalStar, StartError
 
-    model, emulated, rest = draft_source(draft_args)
+    if (model is None) == (emulate is None):
+        raise ValueError("a benchmark's draft needs exactly one of a checkpoint and an emulated service time")
     with tempfile.TemporaryDirectory(prefix="starsd-bench-") as logs:
         star = LocalStar(
-            draft_model=model, emulate_service_time=emulated, targets=0, draft_args=rest, log_dir=Path(logs)
+            draft_model=model, emulate_service_time=emulate, targets=0, draft_args=list(args), log_dir=Path(logs)
         )
         try:
             await asyncio.to_thread(star.start)

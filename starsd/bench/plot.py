@@ -17,7 +17,7 @@ def plot_star(report: StarReport, inputs: ModelInputs, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    results, mi, p = report.results, report.config.model_inputs, report.config.profile
+    results, mi, p = report.results, report.model_inputs, report.config.profile
     ns = [r.n for r in results]
     dense = list(range(1, max(ns) + 1))
     points = [inputs.point(n) for n in dense]
@@ -29,7 +29,7 @@ def plot_star(report: StarReport, inputs: ModelInputs, path: Path) -> None:
     ax1.plot(dense, [pt[0] for pt in points], "-", color="tab:blue", label=label)
     ax1.plot(ns, [r.throughput for r in results], "o", color="tab:blue", label="star, measured")
     ax1.plot(dense, [n * pair for n in dense], ":", color="tab:green", label="N independent pairs (N drafts)")
-    ax1.plot(dense, [n / p["tp1"] for n in dense], "--", color="tab:gray", label="target-only decoding")
+    ax1.plot(dense, [n / p.tp1 for n in dense], "--", color="tab:gray", label="target-only decoding")
     capacity = mi.expected_tokens_per_round / mi.tq
     ax1.axhline(capacity, color="tab:blue", lw=0.8, ls=(0, (1, 3)), label="capacity of a one-at-a-time draft")
     ax1.set_xlabel("targets N")
@@ -54,7 +54,7 @@ def plot_star(report: StarReport, inputs: ModelInputs, path: Path) -> None:
     ax2.grid(True, which="both", alpha=0.3)
 
     fig.suptitle(
-        f"StarSD star benchmark: {p['name']} (Tq={mi.tq * 1e3:.2f} ms, Tp={mi.tp * 1e3:.2f} ms, "
+        f"StarSD star benchmark: {p.name} (Tq={mi.tq * 1e3:.2f} ms, Tp={mi.tp * 1e3:.2f} ms, "
         f"Tc={mi.tc * 1e3:.2f} ms, gamma={mi.gamma}, alpha={mi.alpha})",
         fontsize=10,
     )

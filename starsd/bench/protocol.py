@@ -74,7 +74,7 @@ async def measure(
 
 async def run_async(draft_model: Path, gamma: int = 4, rounds: int = 500) -> list[ProtocolResult]:
     """Start a real draft process on loopback and measure greedy and sampled rounds against it."""
-    async with local_draft(["--model", str(draft_model)]) as endpoint:
+    async with local_draft(draft_model) as endpoint:
         return [await measure(endpoint, gamma, temperature, rounds) for temperature in (0.0, 1.0)]
 
 

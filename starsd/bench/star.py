@@ -17,7 +17,6 @@ Baselines, in the same run:
 from __future__ import annotations
 
 import asyncio
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,8 +27,6 @@ from starsd.bench.emulated import EmulatedTarget, TargetSpec
 from starsd.bench.harness import DraftEndpoint, run_window
 from starsd.bench.profiles import Profile
 from starsd.bench.report import Column, Machine, table
-
-log = logging.getLogger(__name__)
 
 DEFAULT_NS = (1, 2, 4, 8, 16, 32)
 
@@ -117,25 +114,6 @@ BASELINES = {
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """What the sweep ran: the profile, the points, the draft, the model's inputs, the machine."""
-
-    profile: dict[str, Any]
-    ns: list[int]
-    duration: float
-    warmup: float
-    draft: str  # "emulated" | "model"
-    draft_service_time: float | None
-    max_batch: int
-    seed: int
-    model_inputs: ModelInputsRecord
-    measured_service_time: float | None
-    machine: Machine
-    units: dict[str, str] = field(default_factory=lambda: dict(UNITS))
-    baselines: dict[str, str] = field(default_factory=lambda: dict(BASELINES))
-
-
-@dataclass(frozen=True)
 class AtNStar:
     """The star against its baselines at the first measured N >= N*."""
 
@@ -157,7 +135,7 @@ class StarSummary:
     max_utilization_error_measured_inputs: float | None
     max_idle_fraction_fully_loaded: float | None
     max_utilization_error_under_loaded: float | None
-    goals: dict[str, bool]
+    goals: dict[str, bool | None]
     # The same goals against the model fed the measured service, verify and loopback transfer times: what is
     # left is the implementation's own overhead, not the host's transport cost (None: nothing measured).
     goals_with_measured_inputs: dict[str, bool | None]
@@ -168,9 +146,17 @@ class StarSummary:
 
 @dataclass
 class StarReport:
-    config: RunConfig
+    """What the sweep ran, the model's inputs it used, the machine it ran on, the summary and every point."""
+
+    config: StarConfig
+    draft: str  # "emulated" | "model"
+    model_inputs: ModelInputsRecord
+    measured_service_time: float | None
+    machine: Machine
     summary: StarSummary
     results: list[PointResult]
+    units: dict[str, str] = field(default_factory=lambda: dict(UNITS))
+    baselines: dict[str, str] = field(default_factory=lambda: dict(BASELINES))
 
     def table(self) -> str:
         return format_table(self)
@@ -198,40 +184,26 @@ async def run_star(cfg: StarConfig, endpoint: DraftEndpoint, progress: Any = Non
         r.pairs_throughput = r.n * pair.throughput
         r.pairs_model_throughput = r.n * pair_model
         analysis.apply_measured_model(r, inputs, transfer)
-    config = run_config(cfg, inputs, measured_tq, machine.finished())
-    return StarReport(config, summarize_star(results, inputs, cfg.profile), results)
+    emulated = cfg.draft_service_time is not None
+    model_inputs = ModelInputsRecord(
+        tq=inputs.tq,
+        tq_source="emulated service time" if emulated else "measured mean",
+        tp=inputs.tp,
+        tc=inputs.tc,
+        gamma=inputs.gamma,
+        alpha=cfg.profile.alpha,
+        expected_tokens_per_round=inputs.tokens_per_round,
+        cycle_time=system_model.cycle_time(inputs.tq, inputs.tp, inputs.tc),
+        optimal_targets=inputs.optimal_targets(),
+    )
+    draft = "emulated" if emulated else "model"
+    summary = summarize_star(results, inputs, cfg.profile)
+    return StarReport(cfg, draft, model_inputs, measured_tq, machine.finished(), summary, results)
 
 
 def _mean_service(measurements: list[PointMeasurement]) -> float | None:
     services = [r.service for m in measurements for run in m.runs for r in run.rounds]
     return sum(services) / len(services) if services else None
-
-
-def run_config(cfg: StarConfig, inputs: ModelInputs, measured_tq: float | None, machine: Machine) -> RunConfig:
-    emulated = cfg.draft_service_time is not None
-    return RunConfig(
-        profile=cfg.profile.to_dict(),
-        ns=list(cfg.ns),
-        duration=cfg.duration,
-        warmup=cfg.warmup,
-        draft="emulated" if emulated else "model",
-        draft_service_time=cfg.draft_service_time,
-        max_batch=cfg.max_batch,
-        seed=cfg.seed,
-        model_inputs=ModelInputsRecord(
-            tq=inputs.tq,
-            tq_source="emulated service time" if emulated else "measured mean",
-            tp=inputs.tp,
-            tc=inputs.tc,
-            gamma=inputs.gamma,
-            alpha=cfg.profile.alpha,
-            expected_tokens_per_round=inputs.tokens_per_round,
-            cycle_time=system_model.cycle_time(inputs.tq, inputs.tp, inputs.tc),
-            optimal_targets=inputs.optimal_targets(),
-        ),
-        measured_service_time=measured_tq,
-        machine=machine,
-    )
 
 
 def summarize_star(results: list[PointResult], inputs: ModelInputs, profile: Profile) -> StarSummary:
@@ -240,10 +212,10 @@ def summarize_star(results: list[PointResult], inputs: ModelInputs, profile: Pro
     pair = next(r for r in results if r.n == 1)
     at = min((r for r in results if r.n >= n_star), key=lambda r: r.n, default=results[-1])
     under = [r for r in results if r.regime == "UnderLoaded"]
-    measured = [r for r in results if r.model_measured_throughput > 0]
-    measured_full = [r for r in measured if r.model_measured_utilization >= 1.0]
-    measured_under = [r for r in measured if r.model_measured_utilization < 1.0]
     full = [r for r in results if r.regime == "FullyLoaded"]
+    measured = [r for r in results if r.model_measured_throughput > 0]
+    nominal = [(r.ratio, r.utilization, r.model_utilization, r.regime == "FullyLoaded") for r in results]
+    fed = [(r.ratio_measured, r.utilization, r.model_measured_utilization) for r in measured]
     return StarSummary(
         optimal_targets=n_star,
         min_ratio=min(r.ratio for r in results),
@@ -254,22 +226,8 @@ def summarize_star(results: list[PointResult], inputs: ModelInputs, profile: Pro
         ),
         max_idle_fraction_fully_loaded=max((r.idle_fraction for r in full), default=None),
         max_utilization_error_under_loaded=max((abs(r.utilization - r.model_utilization) for r in under), default=None),
-        goals={
-            "ratio_at_least_0.95": all(r.ratio >= 0.95 for r in results),
-            "idle_at_most_3pct_fully_loaded": all(r.idle_fraction <= 0.03 for r in full),
-            "utilization_within_5_points_under_loaded": all(
-                abs(r.utilization - r.model_utilization) <= 0.05 for r in under
-            ),
-        },
-        goals_with_measured_inputs={
-            "ratio_at_least_0.95": all(r.ratio_measured >= 0.95 for r in measured) if measured else None,
-            "idle_at_most_3pct_fully_loaded": all(r.idle_fraction <= 0.03 for r in measured_full) if measured else None,
-            "utilization_within_5_points_under_loaded": all(
-                abs(r.utilization - r.model_measured_utilization) <= 0.05 for r in measured_under
-            )
-            if measured
-            else None,
-        },
+        goals=_goals(nominal),
+        goals_with_measured_inputs=_goals([(*row, row[2] >= 1.0) for row in fed]) if fed else dict.fromkeys(GOALS),
         at_n_star=AtNStar(
             n=at.n,
             star_throughput_per_draft=at.throughput,
@@ -282,6 +240,19 @@ def summarize_star(results: list[PointResult], inputs: ModelInputs, profile: Pro
         errors=sum(len(r.errors) for r in results),
         profile=profile.name,
     )
+
+
+GOALS = ("ratio_at_least_0.95", "idle_at_most_3pct_fully_loaded", "utilization_within_5_points_under_loaded")
+
+
+def _goals(rows: list[tuple[float, float, float, bool]]) -> dict[str, bool | None]:
+    """The goals' verdicts over (ratio, utilization, the model's utilization, fully loaded) per point."""
+    verdicts = (
+        all(ratio >= 0.95 for ratio, *_ in rows),
+        all(1.0 - util <= 0.03 for _, util, _, full in rows if full),
+        all(abs(util - model) <= 0.05 for _, util, model, full in rows if not full),
+    )
+    return dict(zip(GOALS, verdicts, strict=True))
 
 
 def _cpu(r: PointResult) -> str | None:
@@ -323,13 +294,13 @@ def _verdicts(goals: dict[str, bool] | dict[str, bool | None]) -> str:
 
 def format_table(report: StarReport) -> str:
     cfg, s = report.config, report.summary
-    mi, p = cfg.model_inputs, cfg.profile
+    mi, p = report.model_inputs, cfg.profile
     lines = [
-        f"profile {p['name']} [{p['kind']}]: Tq={mi.tq * 1e3:.3f} ms ({mi.tq_source}), "
+        f"profile {p.name} [{p.kind}]: Tq={mi.tq * 1e3:.3f} ms ({mi.tq_source}), "
         f"Tp={mi.tp * 1e3:.3f} ms, Tc={mi.tc * 1e3:.3f} ms, gamma={mi.gamma}, alpha={mi.alpha}, "
         f"E[l]+1={mi.expected_tokens_per_round:.3f}, N*={mi.optimal_targets}",
         f"{cfg.duration:.1f} s measured per point after {cfg.warmup:.1f} s of warm-up; "
-        f"latency = one target's round (request to next request); {cfg.machine.describe()}",
+        f"latency = one target's round (request to next request); {report.machine.describe()}",
         "",
     ]
     head, *rows = table(report.results, POINT_COLUMNS, sep=" ")

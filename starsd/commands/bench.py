@@ -160,30 +160,12 @@ def build_config(args: argparse.Namespace) -> tuple[StarConfig, list[str]]:
         raise ValueError("--duration must be > 0 and --warmup >= 0")
     if args.session_tokens < 1:
         raise ValueError("--session-tokens must be >= 1")
-    curve = prof.curve()
-    if args.max_batch > 1 and curve is not None:
-        from starsd.bench.analysis import ModelInputs
-
-        n_star = ModelInputs(
-            prof.tq, prof.tp, prof.tc, prof.gamma, (prof.alpha,) * prof.gamma, args.max_batch, curve
-        ).optimal_targets()
-    else:
-        n_star = system_model.optimal_targets(prof.tq, prof.tp, prof.tc)
-    cfg = StarConfig(
-        profile=prof,
-        ns=sweep_ns(args.n, n_star),
-        duration=args.duration,
-        warmup=args.warmup,
-        draft_service_time=service,
-        max_batch=args.max_batch,
-        seed=args.seed,
-        session_tokens=args.session_tokens,
-    )
+    cfg = StarConfig(prof, (), args.duration, args.warmup, service, args.max_batch, args.seed, args.session_tokens)
+    cfg = dataclasses.replace(cfg, ns=sweep_ns(args.n, cfg.model_inputs(prof.tq).optimal_targets()))
     extra: list[str] = ["--max-gamma", str(max(16, prof.gamma)), "--max-sessions", str(4 * max(cfg.ns) + 64)]
-    if args.draft_model is not None:
-        extra += ["--model", str(args.draft_model)]
-    else:
-        extra += ["--emulate-service-time", repr(service), "--vocab-size", str(args.vocab_size)]
+    if args.draft_model is None:
+        extra += ["--vocab-size", str(args.vocab_size)]
+        curve = prof.curve()
         if args.max_batch > 1:
             if curve is None:
                 raise ValueError("--max-batch > 1 with an emulated draft needs a batch curve (--batch-curve)")
@@ -213,7 +195,7 @@ def run_star_command(args: argparse.Namespace) -> int:
     if args.plot:
         from starsd.bench.plot import plot_star
 
-        plot_star(report, cfg.model_inputs(report.config.measured_service_time), args.plot)
+        plot_star(report, cfg.model_inputs(report.measured_service_time), args.plot)
         print(f"wrote {args.plot}")
     return 0
 
@@ -258,9 +240,10 @@ async def _run(cfg: StarConfig, extra: list[str], args: argparse.Namespace) -> S
 
     if args.draft_address:
         return await sweep(await reach_draft(args.draft_address, args.draft_load_url))
+    source = f"--model {args.draft_model}" if args.draft_model else f"--emulate-service-time {cfg.draft_service_time}"
     if not args.quiet:
-        print(f"starting the draft: starsd draft {' '.join(extra)}", file=sys.stderr)
-    async with local_draft(extra) as endpoint:
+        print(f"starting the draft: starsd draft {source} {' '.join(extra)}", file=sys.stderr)
+    async with local_draft(args.draft_model, cfg.draft_service_time, extra) as endpoint:
         return await sweep(endpoint)
 
 

@@ -3,6 +3,7 @@ one short fairness run end to end (plumbing and JSON shape only: no figure is as
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 from starsd.bench.emulated import Round, TargetRun
 from starsd.bench.fairness import fairness_point, jain_index, per_target_throughput, skewed_targets
 from starsd.bench.gamma import GammaPoint, GammaReport, summarise_gamma
-from starsd.bench.harness import draft_source, parse_metrics, window_counts
+from starsd.bench.harness import local_draft, parse_metrics, window_counts
 from starsd.bench.report import Machine
 from starsd.cli import main
 
@@ -76,17 +77,14 @@ def test_parse_metrics_reads_unlabelled_samples() -> None:
     assert parse_metrics(text, names) == {"starsd_draft_batch_size_sum": 24.0, "starsd_draft_batch_size_count": 3.0}
 
 
-def test_draft_source_splits_the_model_or_the_emulated_time_from_the_rest() -> None:
-    assert draft_source(["--model", "m", "--max-batch", "8"]) == (Path("m"), None, ["--max-batch", "8"])
-    assert draft_source(["--schedule", "fair", "--emulate-service-time", "0.004"]) == (
-        None,
-        0.004,
-        ["--schedule", "fair"],
-    )
+@pytest.mark.parametrize(("model", "emulate"), [(None, None), (Path("m"), 0.004)])
+def test_a_benchmarks_draft_is_a_checkpoint_or_an_emulated_time(model: Path | None, emulate: float | None) -> None:
+    async def enter() -> None:
+        async with local_draft(model, emulate):
+            pass
+
     with pytest.raises(ValueError, match="exactly one"):
-        draft_source(["--max-batch", "8"])
-    with pytest.raises(ValueError, match="exactly one"):
-        draft_source(["--model", "m", "--emulate-service-time", "0.004"])
+        asyncio.run(enter())
 
 
 def test_capacity_without_a_checkpoint_says_so(tmp_path: Path) -> None:

@@ -53,7 +53,7 @@ def test_star_sweep_writes_json_and_a_plot(tmp_path: Path, capsys: pytest.Captur
         assert 0.0 <= r["utilization"] <= 1.0
         assert r["load"]["targets"] >= 1  # /v1/load was read at the end of the window
         assert r["pairs_throughput"] == pytest.approx(r["n"] * results[0]["throughput"])
-    mi = report["config"]["model_inputs"]
+    mi = report["model_inputs"]
     assert mi["tq"] == 0.002 and mi["tp"] == 0.004 and mi["tq_source"] == "emulated service time"
     assert report["summary"]["optimal_targets"] == 4  # ceil(1 + (0.004 + 0.0002)/0.002)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -112,7 +112,7 @@ def test_batching_run_passes_the_curve_to_the_draft_and_uses_the_batched_n_star(
 def test_overriding_the_service_time_drops_a_curve_that_belonged_to_the_old_one() -> None:
     cfg, extra = _config("--profile", "h100-llama3.1-70b-tp4_llama3.2-1b", "--draft-service-time", "0.004")
     assert cfg.profile.tq == 0.004 and cfg.profile.batch_curve == ()
-    assert extra[extra.index("--emulate-service-time") + 1] == "0.004"
+    assert cfg.draft_service_time == 0.004 and "--batch-curve" not in extra
     assert cfg.model_inputs().optimal_targets() == 5  # ceil(1 + (15.38 + 0.2) / 4)
     assert 5 in cfg.ns  # the default sweep measures N*
 
