@@ -65,8 +65,8 @@ $(AIPERF_VENV)/.installed: bench/aiperf.lock | $(STAMP)
 	$(BIN)/uv pip install -q --python $(AIPERF_VENV)/bin/python -r bench/aiperf.lock
 	@touch $@
 
-bench-aiperf: install $(AIPERF_VENV)/.installed ## AIPerf (a vLLM-style benchmark client) on a local star (bench/results/aiperf/)
-	$(BIN)/python -m starsd.bench.aiperf_run --aiperf $(AIPERF_VENV)/bin/aiperf --out bench/results/aiperf
+bench-aiperf: install $(AIPERF_VENV)/.installed ## serve-draft's passes with AIPerf, a vLLM-style client, as the load (artifacts in bench/results/aiperf/)
+	$(BIN)/starsd bench serve --client aiperf --aiperf $(AIPERF_VENV)/bin/aiperf --local-targets 1 --concurrency 1,16 --json bench/results/serve-aiperf.json
 
 lint: install ## ruff, the formatter check, mypy (strict on the core packages: pyproject.toml), hadolint, shellcheck
 	$(BIN)/ruff check .

@@ -113,6 +113,7 @@ LATENCY_COLUMNS: list[Column[tuple[str, Percentiles]]] = [
 
 @dataclass(frozen=True)
 class ServeReport:
+    client: str  # "builtin" | "aiperf"
     passes: list[ServeResult]
 
 

@@ -38,13 +38,27 @@ def configure_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--no-ignore-eos", action="store_true", help="let requests stop at EOS (default: always max_tokens)"
     )
     load.add_argument("--seed", type=int, default=0, help="seed of the random prompts (default 0)")
+    client = serve.add_argument_group("the client")
+    client.add_argument(
+        "--client",
+        choices=("builtin", "aiperf"),
+        default="builtin",
+        help="builtin (this package's) or AIPerf, NVIDIA's vLLM-style client (`make bench-aiperf` installs it)",
+    )
+    client.add_argument("--aiperf", default=".venv-aiperf/bin/aiperf", help="the aiperf executable")
+    client.add_argument(
+        "--tokenizer", type=Path, help="AIPerf: the served model's tokenizer (default: the shipped target's)"
+    )
+    client.add_argument("--aiperf-out", type=Path, default=Path("bench/results/aiperf"), help="AIPerf's artifacts")
     serve.add_argument("--json", type=Path, metavar="FILE", help="write every pass's figures as JSON")
     serve.set_defaults(_bench=run_serve_command)
 
 
 def run_serve_command(args: argparse.Namespace) -> int:
+    from starsd.bench import aiperf
     from starsd.bench.report import to_json
     from starsd.bench.serve import ServeConfig, ServeReport, ServeResult, run
+    from starsd.local import default_models_dir
 
     if bool(args.url) == (args.local_targets is not None):
         print("starsd bench serve: give --url URL or --local-targets N", file=sys.stderr)
@@ -66,6 +80,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
         urls = star.urls
     passes: list[ServeResult] = []
     try:
+        model = args.model or (_served_model(urls[0]) if args.client == "aiperf" else None)
         for concurrency in args.concurrency:
             config = ServeConfig(
                 urls=tuple(u.rstrip("/") for u in urls),
@@ -76,17 +91,37 @@ def run_serve_command(args: argparse.Namespace) -> int:
                 temperature=args.temperature,
                 ignore_eos=not args.no_ignore_eos,
                 seed=args.seed,
-                model=args.model,
+                model=model,
             )
             print(f"concurrency {concurrency}: {config.requests} requests ...", file=sys.stderr, flush=True)
-            result = run(config)
+            if args.client == "aiperf":
+                tokenizer = args.tokenizer or default_models_dir() / "target"
+                result = aiperf.run_pass(args.aiperf, config, tokenizer, args.aiperf_out / f"concurrency-{concurrency}")
+            else:
+                result = run(config)
             passes.append(result)
             print(result.table(), flush=True)
+    except (RuntimeError, ValueError) as exc:
+        print(f"starsd bench serve: {exc}", file=sys.stderr)
+        return 1
     finally:
         if star is not None:
             star.stop()
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(to_json(ServeReport(passes)), indent=2) + "\n")
+        args.json.write_text(json.dumps(to_json(ServeReport(args.client, passes)), indent=2) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
     return 0 if all(p.failed == 0 for p in passes) else 1
+
+
+def _served_model(url: str) -> str:
+    """The first model ``url``'s /v1/models lists (AIPerf must name one)."""
+    from starsd.local import http_json
+
+    try:
+        status, models = http_json(f"{url}/v1/models", timeout=10.0)
+    except OSError as exc:
+        raise RuntimeError(f"cannot read {url}/v1/models ({exc}): give --model") from None
+    if status != 200 or not isinstance(models, dict) or not models.get("data"):
+        raise RuntimeError(f"{url}/v1/models answered {status}: give --model")
+    return str(models["data"][0]["id"])
