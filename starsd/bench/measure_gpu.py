@@ -2,7 +2,7 @@
 
 Run it where the accelerator is (random weights, so no checkpoint is needed)::
 
-    python -m starsd.bench.measure_gpu --draft llama-1b --target llama-8b --out gpu-profile.json
+    starsd bench measure-gpu --draft llama-1b --target llama-8b --out gpu-profile.json
 
 and use the result with ``starsd plan --profile-json`` or ``starsd bench star --profile-json``. Shapes follow
 Llama-3.2-1B and Llama-3.1-8B; each timed step runs on a KV cache already holding ``--context`` tokens and
@@ -17,11 +17,8 @@ Only this module imports torch, and only when it runs: the rest of the benchmark
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 # name -> Llama shape (hidden, intermediate, layers, heads, kv heads, vocab)
@@ -31,31 +28,6 @@ SHAPES: dict[str, tuple[int, int, int, int, int, int]] = {
     "llama-8b": (4096, 14336, 32, 32, 8, 128256),  # Llama-3.1-8B
     "tiny": (64, 128, 2, 4, 2, 256),  # for tests on a CPU
 }
-
-
-def _parse_ints(text: str) -> list[int]:
-    values = sorted({int(x) for x in text.split(",") if x.strip()})
-    if not values or values[0] < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m starsd.bench.measure_gpu", description=__doc__.split("\n\n")[0])
-    p.add_argument("--draft", choices=sorted(SHAPES), default="llama-1b")
-    p.add_argument("--target", choices=sorted(SHAPES), default="llama-8b")
-    p.add_argument("--gamma", type=int, default=4)
-    p.add_argument("--context", type=int, default=1024, help="tokens already in the KV cache")
-    p.add_argument("--batches", type=_parse_ints, default=[1, 2, 4, 8, 16, 32], help="draft batch sizes")
-    p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
-    p.add_argument("--compile", action="store_true", help="torch.compile(mode='reduce-overhead'): CUDA graphs")
-    p.add_argument("--alpha", type=float, default=0.7, help="acceptance to write into the profile (not measured)")
-    p.add_argument("--tc", type=float, default=0.0001, help="one-way transfer to write into the profile")
-    p.add_argument("--name", default=None, help="profile name (default: derived from the device and models)")
-    p.add_argument("--out", type=Path, required=True, help="write the profile JSON here")
-    return p
 
 
 def _build(shape: str, device: Any, dtype: Any) -> Any:
@@ -167,9 +139,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def to_profile(args: argparse.Namespace, m: dict[str, Any]) -> dict[str, Any]:
-    curve = [[b, round(t, 7)] for b, t in m["batch_curve"]]
-    if curve[0][0] != 1:
-        raise ValueError("--batches must include 1 (the unbatched service time)")
+    curve = [[b, round(t, 7)] for b, t in m["batch_curve"]]  # from B = 1: the unbatched service time
     device = m["device"]
     name = args.name or f"{device.lower().replace(' ', '-')}-{args.target}_{args.draft}"
     compiled = "torch.compile (CUDA graphs)" if args.compile else "eager transformers"
@@ -194,27 +164,3 @@ def to_profile(args: argparse.Namespace, m: dict[str, Any]) -> dict[str, Any]:
         ),
         "batch_curve": curve,
     }
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.gamma < 1 or args.context < 1 or args.repeats < 1:
-        print("measure_gpu: --gamma, --context and --repeats must be >= 1", file=sys.stderr)
-        return 2
-    if 1 not in args.batches:
-        print("measure_gpu: --batches must include 1", file=sys.stderr)
-        return 2
-    m = measure(args)
-    profile = to_profile(args, m)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(profile, indent=2))
-    raw = ", ".join(f"{b}:{t * 1e3:.3f}" for b, t in m["raw_draft_curve"])
-    print(
-        f"{profile['name']}: Tq(B) ms {raw}; Tp({args.gamma}) {m['tp'] * 1e3:.3f} ms; "
-        f"Tp1 {m['tp1'] * 1e3:.3f} ms -> {args.out}"
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -88,17 +88,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     prof.add_argument("--json", action="store_true", help="print JSON")
     prof.set_defaults(_bench=run_profiles_command)
     configure_draft_benchmarks(sub)
+    from starsd.commands.bench_gpu import configure_measure_gpu
     from starsd.commands.bench_serve import configure_serve
 
     configure_serve(sub)
+    configure_measure_gpu(sub)
 
 
 def run(args: argparse.Namespace) -> int:
     handler = getattr(args, "_bench", None)
     if handler is None:
         print(
-            "starsd bench: choose a benchmark: star | serve | profiles | capacity | fairness | gamma | protocol "
-            "(see --help)",
+            "starsd bench: choose a benchmark: star | serve | profiles | capacity | fairness | gamma | protocol | "
+            "measure-gpu (see --help)",
             file=sys.stderr,
         )
         return 2

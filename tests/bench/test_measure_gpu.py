@@ -9,13 +9,15 @@ import pytest
 
 from starsd import system_model
 from starsd.bench import profiles
-from starsd.bench.measure_gpu import main
+from starsd.cli import main
 
 
 def test_tiny_cpu_run_writes_a_loadable_measured_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("torch")
     out = tmp_path / "p.json"
     args = [
+        "bench",
+        "measure-gpu",
         "--draft",
         "tiny",
         "--target",
@@ -46,4 +48,4 @@ def test_tiny_cpu_run_writes_a_loadable_measured_profile(tmp_path: Path, capsys:
 
 
 def test_batches_must_include_one(tmp_path: Path) -> None:
-    assert main(["--batches", "2,4", "--device", "cpu", "--out", str(tmp_path / "x.json")]) == 2
+    assert main(["bench", "measure-gpu", "--batches", "2,4", "--device", "cpu", "--out", str(tmp_path / "x.json")]) == 2
