@@ -103,12 +103,9 @@ async def measure_capacity(
     """
     points: list[CapacityPoint] = []
     async with contextlib.AsyncExitStack() as drafts:
-        endpoints = {
-            b: await drafts.enter_async_context(
-                local_draft(Path(draft_model), args=["--max-batch", str(b), "--max-sessions", str(4 * sessions + 64)])
-            )
-            for b in dict.fromkeys(batches)
-        }
+        args = ["--max-sessions", str(4 * sessions + 64), "--max-batch"]
+        starting = {b: local_draft(Path(draft_model), args=[*args, str(b)]) for b in dict.fromkeys(batches)}
+        endpoints = {b: await drafts.enter_async_context(draft) for b, draft in starting.items()}
         # The draft's capacity is what is measured: its targets stand for other machines, so this process (the
         # emulated targets, started after the drafts) yields the CPU to the drafts it shares this machine with.
         os.nice(TARGETS_NICENESS)
@@ -126,21 +123,14 @@ async def measure_capacity(
 
 
 def summarise_capacity(points: Sequence[CapacityPoint]) -> list[CapacitySummary]:
-    batches = list(dict.fromkeys(p.max_batch for p in points))
-    medians = {b: statistics.median(p.requests_per_s for p in points if p.max_batch == b) for b in batches}
+    """Per batch size, in order: the median over the passes, the range, and the speedup over the first size."""
+    passes = {b: [p for p in points if p.max_batch == b] for b in dict.fromkeys(p.max_batch for p in points)}
+    medians = {b: statistics.median(p.requests_per_s for p in mine) for b, mine in passes.items()}
+    base = next(iter(medians.values()), 0.0)
     out = []
-    for b in batches:
-        mine = [p for p in points if p.max_batch == b]
-        out.append(
-            CapacitySummary(
-                b,
-                medians[b],
-                min(p.requests_per_s for p in mine),
-                max(p.requests_per_s for p in mine),
-                ratio(medians[b], medians[batches[0]]),
-                [p.speedup for p in mine],
-            )
-        )
+    for b, mine in passes.items():
+        rates, speedups = [p.requests_per_s for p in mine], [p.speedup for p in mine]
+        out.append(CapacitySummary(b, medians[b], min(rates), max(rates), ratio(medians[b], base), speedups))
     return out
 
 

@@ -8,7 +8,7 @@ A real ``starsd draft`` process on loopback serves emulated targets (:mod:`stars
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from starsd.bench.emulated import EmulatedTarget, TargetRun, TargetSpec
@@ -58,46 +58,33 @@ def fairness_point(schedule: str, per_target: dict[str, float]) -> FairnessPoint
     return FairnessPoint(schedule, dict(per_target), sum(values), jain_index(values))
 
 
-async def measure_fairness(
-    schedules: Sequence[str],
-    busy_sessions: int,
-    small_targets: int,
-    tq: float,
-    tp: float,
-    gamma: int,
-    alpha: float,
-    warmup: float,
-    duration: float,
-) -> list[FairnessPoint]:
-    ids = skewed_targets(busy_sessions, small_targets)
+@dataclass(frozen=True)
+class FairnessConfig:
+    busy_sessions: int  # sessions of the busy target
+    small_targets: int  # targets with one session each
+    tq: float  # emulated draft service time
+    tp: float  # emulated verify time
+    gamma: int
+    alpha: float
+    duration: float  # measured seconds per schedule
+    warmup: float
+
+
+async def measure_fairness(schedules: Sequence[str], cfg: FairnessConfig) -> list[FairnessPoint]:
+    ids = skewed_targets(cfg.busy_sessions, cfg.small_targets)
     points: list[FairnessPoint] = []
     for schedule in schedules:
-        async with local_draft(emulate=tq, args=["--schedule", schedule, "--max-sessions", "256"]) as endpoint:
-            spec = TargetSpec(gamma, (alpha,) * gamma, tp, 0.0, int(endpoint.info.vocab_size))
+        async with local_draft(emulate=cfg.tq, args=["--schedule", schedule, "--max-sessions", "256"]) as endpoint:
+            spec = TargetSpec(cfg.gamma, (cfg.alpha,) * cfg.gamma, cfg.tp, 0.0, int(endpoint.info.vocab_size))
             # A target with several sessions is emulated as that many one-session targets under its id.
             make = functools.partial(_skewed_target, ids, endpoint.address, endpoint.info, spec)
-            w = await run_window(make, len(ids), warmup, duration)
+            w = await run_window(make, len(ids), cfg.warmup, cfg.duration)
         points.append(fairness_point(schedule, per_target_throughput(w.runs, w.t0, w.t1)))
     return points
 
 
 def _skewed_target(ids: list[str], address: str, info: pb.InfoResponse, spec: TargetSpec, i: int) -> EmulatedTarget:
     return EmulatedTarget(ids[i], address, info, spec, seed=i)
-
-
-def _target_throughput(target_id: str, point: FairnessPoint) -> float:
-    return point.per_target.get(target_id, 0.0)
-
-
-@dataclass(frozen=True)
-class FairnessConfig:
-    busy_sessions: int
-    small_targets: int
-    tq: float
-    tp: float
-    gamma: int
-    alpha: float
-    duration: float
 
 
 @dataclass
@@ -112,7 +99,11 @@ class FairnessReport:
     def table(self) -> str:
         ids = list(self.points[0].per_target) if self.points else []
         columns: list[Column[FairnessPoint]] = [Column("schedule", lambda p: p.schedule, "", 9, left=True)]
-        columns += [Column(i, functools.partial(_target_throughput, i), ".1f", 10) for i in ids]
+
+        def tokens_of(target_id: str) -> Callable[[FairnessPoint], float]:
+            return lambda p: p.per_target.get(target_id, 0.0)
+
+        columns += [Column(i, tokens_of(i), ".1f", 10) for i in ids]
         columns += [Column("total", lambda p: p.total, ".1f", 10), Column("Jain", lambda p: p.jain, ".3f", 7)]
         lines = table(self.points, columns)
         lines.append("(committed tokens/s per target; Jain's index over targets, not sessions)")

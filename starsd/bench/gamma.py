@@ -52,18 +52,8 @@ def summarise_gamma(points: Sequence[GammaPoint]) -> list[GammaSummary]:
         best = max(fixed, key=lambda p: p.tokens_per_s)
         g4 = next((p.tokens_per_s for p in fixed if p.policy == "4"), None)
         a = adaptive[0].tokens_per_s
-        out.append(
-            GammaSummary(
-                profile,
-                n,
-                best.policy,
-                best.tokens_per_s,
-                g4,
-                a,
-                ratio(a, best.tokens_per_s),
-                ratio(a, g4) if g4 is not None else None,
-            )
-        )
+        vs_g4 = ratio(a, g4) if g4 is not None else None
+        out.append(GammaSummary(profile, n, best.policy, best.tokens_per_s, g4, a, ratio(a, best.tokens_per_s), vs_g4))
     return out
 
 
@@ -89,14 +79,8 @@ async def measure_gamma(
             for n in (n_star * mult for mult in n_multipliers):
                 for policy in [*map(str, gammas), "adaptive"]:
                     gamma = max_gamma if policy == "adaptive" else int(policy)
-                    spec = TargetSpec(
-                        gamma,
-                        (prof.alpha,) * gamma,
-                        prof.tp,
-                        prof.tc,
-                        int(endpoint.info.vocab_size),
-                        adaptive=policy == "adaptive",
-                    )
+                    vocab, adaptive = int(endpoint.info.vocab_size), policy == "adaptive"
+                    spec = TargetSpec(gamma, (prof.alpha,) * gamma, prof.tp, prof.tc, vocab, adaptive=adaptive)
                     width = max(max_gamma, *gammas)
                     make = functools.partial(_gamma_target, endpoint.address, endpoint.info, spec, prof.alpha, width)
                     w = await run_window(make, n, warmup, duration)

@@ -22,6 +22,7 @@ from typing import Any
 
 import aiohttp
 import grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from starsd import procfs
 from starsd.bench.emulated import EmulatedTarget, TargetRun
@@ -212,14 +213,9 @@ async def loop_lag_monitor(stop: asyncio.Event, period: float = 0.005) -> list[f
 
 
 def parse_metrics(text: str, names: Sequence[str]) -> dict[str, float]:
-    """The values of the named samples in Prometheus text (``name value`` lines, no labels)."""
-    wanted = set(names)
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] in wanted:
-            out[parts[0]] = float(parts[1])
-    return out
+    """The values of the named unlabelled samples in Prometheus text."""
+    families = text_string_to_metric_families(text)
+    return {x.name: x.value for f in families for x in f.samples if x.name in names and not x.labels}
 
 
 DRAFT_SAMPLES = (

@@ -66,9 +66,7 @@ class Profile:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["batch_curve"] = [list(p) for p in self.batch_curve]
-        return d
+        return asdict(self)  # JSON writes the batch curve's pairs as lists
 
 
 # --- how the derived numbers are computed ------------------------------------------------------------------

@@ -365,7 +365,8 @@ def run_capacity_command(args: argparse.Namespace) -> int:
         )
     except RuntimeError as exc:
         return _error(str(exc), "capacity")
-    report = CapacityReport(str(draft), args.session_tokens, args.repeats, machine, summarise_capacity(points), points)
+    summary = summarise_capacity(points)
+    report = CapacityReport(str(draft), args.session_tokens, args.repeats, machine.finished(), summary, points)
     print(report.table())
     write_json(args.json, report)
     return 0
@@ -377,27 +378,15 @@ def run_fairness_command(args: argparse.Namespace) -> int:
 
     if args.busy_sessions < 1 or args.small_targets < 1 or args.tq <= 0 or args.tp < 0 or args.duration <= 0:
         return _error("--busy-sessions, --small-targets >= 1, --tq > 0, --tp >= 0, --duration > 0", "fairness")
+    config = FairnessConfig(
+        args.busy_sessions, args.small_targets, args.tq, args.tp, args.gamma, args.alpha, args.duration, args.warmup
+    )
     machine = Machine.now()
     try:
-        points = asyncio.run(
-            measure_fairness(
-                ("fifo", "fair"),
-                args.busy_sessions,
-                args.small_targets,
-                args.tq,
-                args.tp,
-                args.gamma,
-                args.alpha,
-                args.warmup,
-                args.duration,
-            )
-        )
+        points = asyncio.run(measure_fairness(("fifo", "fair"), config))
     except RuntimeError as exc:
         return _error(str(exc), "fairness")
-    config = FairnessConfig(
-        args.busy_sessions, args.small_targets, args.tq, args.tp, args.gamma, args.alpha, args.duration
-    )
-    report = FairnessReport(config, machine, points)
+    report = FairnessReport(config, machine.finished(), points)
     print(report.table())
     write_json(args.json, report)
     return 0
@@ -431,7 +420,7 @@ def run_gamma_command(args: argparse.Namespace) -> int:
         )
     except RuntimeError as exc:
         return _error(str(exc), "gamma")
-    report = GammaReport(machine, points, summarise_gamma(points))
+    report = GammaReport(machine.finished(), points, summarise_gamma(points))
     print(report.table())
     write_json(args.json, report)
     return 0
@@ -449,7 +438,7 @@ def run_protocol_command(args: argparse.Namespace) -> int:
         results = protocol.run(draft, gamma=args.gamma, rounds=args.rounds)
     except RuntimeError as exc:
         return _error(str(exc), "protocol")
-    report = protocol.ProtocolReport(str(draft), machine, results)
+    report = protocol.ProtocolReport(str(draft), machine.finished(), results)
     print(report.table())
     write_json(args.json, report)
     return 0
