@@ -105,7 +105,7 @@ class Reading:
     samples: dict[str, float]  # DRAFT_SAMPLES from its /metrics
 
     def since(self, start: Reading) -> Reading:
-        """What changed from ``start`` to this reading (``load`` stays this reading's)."""
+        """What changed from ``start`` to this one: ``wall`` and the CPU seconds as spans, ``load`` this one's."""
         draft_cpu = None if self.draft_cpu is None or start.draft_cpu is None else self.draft_cpu - start.draft_cpu
         samples = {k: v - start.samples[k] for k, v in self.samples.items() if k in start.samples}
         return Reading(self.wall - start.wall, self.cpu - start.cpu, draft_cpu, self.load, samples)
