@@ -1,17 +1,15 @@
-"""Measure an accelerator profile: the draft's ``Tq(gamma, B)`` and the target's ``Tp(gamma)`` and ``Tp1``.
-
-Run it where the accelerator is (random weights, so no checkpoint is needed)::
+"""Measure an accelerator profile with StarSD's own runners: the draft's ``Tq(gamma, B)``, the target's
+``Tp(gamma)`` and ``Tp1``. Run it where the accelerator is, for ``--profile-json``::
 
     starsd bench measure-gpu --draft llama-1b --target llama-8b --out gpu-profile.json
 
-and use the result with ``starsd plan --profile-json`` or ``starsd bench star --profile-json``. Shapes follow
-Llama-3.2-1B and Llama-3.1-8B; each timed step runs on a KV cache already holding ``--context`` tokens and
-is cropped back afterwards, so every repeat sees the same context. Times are medians over ``--repeats``,
-taken after warm-up with the device synchronised. The model runs eagerly in ``transformers`` (no CUDA graphs
-unless ``--compile``), so a small draft's times include kernel-launch overhead that a tuned engine avoids:
-read them as an upper bound. Acceptance cannot be measured on random weights: ``alpha`` is written as given.
-
-Only this module imports torch, and only when it runs: the rest of the benchmark stays light.
+A model is a Llama shape with random weights (``llama-1b`` follows Llama-3.2-1B, ``llama-8b`` Llama-3.1-8B) or a
+checkpoint directory. ``Tq(B)`` is one :meth:`DraftRunner.propose_batch` of B sessions, ``gamma`` greedy tokens
+each, after the target rejected each first proposal and committed a token of its own (crop, feed one, draft);
+``Tp`` one :meth:`TargetRunner.step` verifying ``gamma`` drafts, ``Tp1`` one step decoding one token. Sessions
+start with ``--context`` cached tokens and gain one or more per repeat. Times are medians after warm-up with
+the device synchronised, of the code the servers run (eager ``transformers``). ``alpha`` and ``Tc`` are given.
+Only this module imports torch, and only when it runs.
 """
 
 from __future__ import annotations
@@ -19,7 +17,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from starsd.bench.profiles import Profile
+
+if TYPE_CHECKING:
+    from starsd.checkpoints import LoadedModel
 
 # name -> Llama shape (hidden, intermediate, layers, heads, kv heads, vocab)
 SHAPES: dict[str, tuple[int, int, int, int, int, int]] = {
@@ -28,13 +33,26 @@ SHAPES: dict[str, tuple[int, int, int, int, int, int]] = {
     "llama-8b": (4096, 14336, 32, 32, 8, 128256),  # Llama-3.1-8B
     "tiny": (64, 128, 2, 4, 2, 256),  # for tests on a CPU
 }
+MAX_POSITIONS = 8192  # of the random-weight shapes
+WARMUP = 3  # untimed repeats
 
 
-def _build(shape: str, device: Any, dtype: Any) -> Any:
+def describe(model: str) -> str:
+    return f"{model} shape, random weights" if model in SHAPES else f"checkpoint {Path(model).name}"
+
+
+def load_model(model: str, device: str, dtype: str) -> LoadedModel:
+    """A shape with seeded random weights (no tokenizer: none is used), or a checkpoint as the servers load it."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    hidden, inter, layers, heads, kv, vocab = SHAPES[shape]
+    from starsd.checkpoints import LoadedModel, load_checkpoint
+    from starsd.devices import resolve
+
+    if model not in SHAPES:
+        return load_checkpoint(model, device, dtype)
+    placement = resolve(device, dtype)
+    hidden, inter, layers, heads, kv, vocab = SHAPES[model]
     config = LlamaConfig(
         hidden_size=hidden,
         intermediate_size=inter,
@@ -42,17 +60,31 @@ def _build(shape: str, device: Any, dtype: Any) -> Any:
         num_attention_heads=heads,
         num_key_value_heads=kv,
         vocab_size=vocab,
-        max_position_embeddings=8192,
-        tie_word_embeddings=shape == "llama-1b",
+        max_position_embeddings=MAX_POSITIONS,
+        tie_word_embeddings=model == "llama-1b",
     )
     torch.manual_seed(0)
-    with torch.device(device):
-        model = LlamaForCausalLM(config).to(dtype)
-    return model.eval()
+    with torch.device(placement.device):
+        weights = LlamaForCausalLM(config).to(placement.dtype).eval()
+    return LoadedModel(weights, None, model, vocab, "random", MAX_POSITIONS, None, placement)
 
 
-def _timed(fn: Any, sync: Any, repeats: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
+def positions(model: str) -> int:
+    """The most positions ``model`` holds, read without loading its weights."""
+    if model in SHAPES:
+        return MAX_POSITIONS
+    from transformers import AutoConfig
+
+    from starsd.checkpoints import ModelLoadError, checkpoint_dir, context_length
+
+    try:
+        return context_length(AutoConfig.from_pretrained(checkpoint_dir(model), local_files_only=True))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read the checkpoint config at {model!r}: {exc}") from exc
+
+
+def _timed(fn: Callable[[], object], sync: Callable[[], None], repeats: int) -> float:
+    for _ in range(WARMUP):
         fn()
     sync()
     times = []
@@ -64,103 +96,105 @@ def _timed(fn: Any, sync: Any, repeats: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
+def draft_round_seconds(loaded: LoadedModel, batch: int, args: argparse.Namespace, sync: Callable[[], None]) -> float:
     import torch
-    from transformers import DynamicCache
 
-    from starsd import kvcache
+    from starsd.draft.runner import DraftRunner
+    from starsd.proposals import DraftRequest, SamplingParams
 
-    device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype)
+    runner = DraftRunner(loaded)
+    states = [runner.new_state(seed=i) for i in range(batch)]
+
+    def propose(new_tokens: list[list[int]]) -> list[list[int]]:
+        requests = [
+            DraftRequest(s, t, args.gamma, SamplingParams(), 0) for s, t in zip(states, new_tokens, strict=True)
+        ]
+        return [p.token_ids for p in runner.propose_batch(requests)]
+
+    rng = torch.Generator().manual_seed(batch)
+    last = propose(torch.randint(0, loaded.vocab_size, (batch, args.context), generator=rng).tolist())  # prefill
+
+    def round_() -> None:
+        nonlocal last
+        last = propose([[(p[0] + 1) % loaded.vocab_size] for p in last])  # the first proposal rejected
+
+    return _timed(round_, sync, args.repeats)
+
+
+def target_step_seconds(loaded: LoadedModel, args: argparse.Namespace, sync: Callable[[], None]) -> tuple[float, float]:
+    import torch
+
+    from starsd.verifier.runner import StepRow, TargetRunner
+
+    runner = TargetRunner(loaded)
+    rng = torch.Generator().manual_seed(0)
+    session = runner.new_session(torch.randint(0, loaded.vocab_size, (args.context,), generator=rng).tolist())
+    runner.step([StepRow(session, prefill=args.context - 1)])
+
+    def verify() -> None:
+        runner.step(
+            [StepRow(session, drafts=torch.randint(0, loaded.vocab_size, (args.gamma,), generator=rng).tolist())]
+        )
+
+    return _timed(verify, sync, args.repeats), _timed(lambda: runner.step([StepRow(session)]), sync, args.repeats)
+
+
+def needed_positions(args: argparse.Namespace) -> int:
+    """The context, then per round at most ``gamma + 1`` verified and one decoded token, and the last drafts."""
+    return args.context + (args.repeats + WARMUP) * (args.gamma + 2) + args.gamma + 1
+
+
+def measure(args: argparse.Namespace, progress: Callable[[str], None] = lambda _: None) -> Profile:
+    """Time the draft's rounds at every batch size, then the target's steps; ``progress`` hears each result."""
+    import torch
+
+    for model in (args.draft, args.target):  # before anything is loaded or timed
+        if needed_positions(args) > positions(model):
+            raise ValueError(
+                f"{describe(model)} holds {positions(model)} positions; --context {args.context} "
+                f"with --repeats {args.repeats} and --gamma {args.gamma} needs {needed_positions(args)}"
+            )
+    draft = load_model(args.draft, args.device, args.dtype)
+    device = draft.device
 
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    def prefill(model: Any, batch: int) -> Any:
-        cache = DynamicCache()
-        ids = torch.randint(0, model.config.vocab_size, (batch, args.context), device=device)
-        with torch.inference_mode():
-            model(input_ids=ids, use_cache=True, **kvcache.with_cache(cache))
-        return cache
-
-    def forward(model: Any, cache: Any, batch: int, tokens: int) -> None:
-        ids = torch.randint(0, model.config.vocab_size, (batch, tokens), device=device)
-        with torch.inference_mode():
-            model(input_ids=ids, use_cache=True, **kvcache.with_cache(cache))
-
-    results: dict[str, Any] = {}
-    draft = _build(args.draft, device, dtype)
-    if args.compile:
-        draft.forward = torch.compile(draft.forward, mode="reduce-overhead")
+    progress(f"draft {describe(args.draft)} on {draft.placement.describe()}")
     curve: list[tuple[int, float]] = []
     for b in args.batches:
-        cache = prefill(draft, b)
-
-        def draft_round(cache: Any = cache, b: int = b, m: Any = draft) -> None:
-            for _ in range(args.gamma):  # gamma sequential steps of one token per sequence
-                forward(m, cache, b, 1)
-            cache.crop(-args.gamma)  # a negative count: what transformers 4 and 5 both accept
-
-        curve.append((b, _timed(draft_round, sync, args.repeats)))
-        del cache
+        t = draft_round_seconds(draft, b, args, sync)
+        progress(f"  Tq(B={b}) {t * 1e3:.3f} ms")
+        # Noise can make a larger batch look a hair faster; a batch never is, so the curve stays non-decreasing.
+        curve.append((b, round(max(t, curve[-1][1]) if curve else t, 7)))
     del draft
     if device.type == "cuda":
         torch.cuda.empty_cache()
-
-    target = _build(args.target, device, dtype)
-    if args.compile:
-        target.forward = torch.compile(target.forward, mode="reduce-overhead")
-    cache = prefill(target, 1)
-
-    def verify() -> None:
-        forward(target, cache, 1, args.gamma + 1)  # gamma drafts plus the position after them
-        cache.crop(-(args.gamma + 1))
-
-    def decode_one() -> None:
-        forward(target, cache, 1, 1)
-        cache.crop(-1)
-
-    tp = _timed(verify, sync, args.repeats)
-    tp1 = _timed(decode_one, sync, args.repeats)
-    # Noise can make a larger batch look a hair faster; a batch never is, so keep the curve non-decreasing.
-    monotone: list[tuple[int, float]] = []
-    for b, t in curve:
-        monotone.append((b, max(t, monotone[-1][1]) if monotone else t))
-    results.update(
-        device=torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
-        raw_draft_curve=curve,
-        batch_curve=monotone,
-        tp=tp,
-        tp1=tp1,
-        torch=torch.__version__,
-    )
-    return results
-
-
-def to_profile(args: argparse.Namespace, m: dict[str, Any]) -> dict[str, Any]:
-    curve = [[b, round(t, 7)] for b, t in m["batch_curve"]]  # from B = 1: the unbatched service time
-    device = m["device"]
-    name = args.name or f"{device.lower().replace(' ', '-')}-{args.target}_{args.draft}"
-    compiled = "torch.compile (CUDA graphs)" if args.compile else "eager transformers"
-    return {
-        "name": name,
-        "draft": f"{args.draft} shape, random weights, {args.dtype}",
-        "target": f"{args.target} shape, random weights, {args.dtype}",
-        "hardware": f"{device}, batch 1 target, {args.context}-token context",
-        "gamma": args.gamma,
-        "tq": curve[0][1],
-        "tp": round(m["tp"], 7),
-        "tc": args.tc,
-        "alpha": args.alpha,
-        "tp1": round(m["tp1"], 7),
-        "kind": "measured",
-        "source": f"starsd.bench.measure_gpu on {device} (torch {m['torch']}, {compiled})",
-        "derivation": (
-            f"Medians of {args.repeats} timed repeats after warm-up, device synchronised: Tq(B) = {args.gamma} "
-            f"sequential one-token draft steps for B sequences; Tp = one target pass over {args.gamma + 1} "
-            f"tokens; Tp1 = one target decode step; all on a KV cache of {args.context} tokens. alpha "
-            f"({args.alpha}) and Tc ({args.tc} s) are given, not measured (random weights, no network)."
+    target = load_model(args.target, args.device, args.dtype)
+    progress(f"target {describe(args.target)} on {target.placement.describe()}")
+    tp, tp1 = target_step_seconds(target, args, sync)
+    progress(f"  Tp({args.gamma}) {tp * 1e3:.3f} ms, Tp1 {tp1 * 1e3:.3f} ms")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+    models = "_".join(Path(x).name for x in (args.target, args.draft))
+    return Profile(
+        name=args.name or f"{name.lower().replace(' ', '-')}-{models}",
+        draft=f"{describe(args.draft)}, {args.dtype}",
+        target=f"{describe(args.target)}, {args.dtype}",
+        hardware=f"{name}, batch 1 target, {args.context}-token context",
+        gamma=args.gamma,
+        tq=curve[0][1],
+        tp=round(tp, 7),
+        tc=args.tc,
+        alpha=args.alpha,
+        tp1=round(tp1, 7),
+        kind="measured",
+        source=f"starsd bench measure-gpu on {name} (torch {torch.__version__}, StarSD's draft and target runners)",
+        derivation=(
+            f"Medians of {args.repeats} timed repeats after warm-up, device synchronised: Tq(B) = one "
+            f"DraftRunner.propose_batch of B sessions, {args.gamma} greedy tokens each after one committed token; "
+            f"Tp = one TargetRunner.step verifying {args.gamma} drafts; Tp1 = one step decoding one token; "
+            f"sessions start from {args.context} cached tokens. alpha and Tc are given, not measured."
         ),
-        "batch_curve": curve,
-    }
+        batch_curve=tuple(curve),
+    )

@@ -15,21 +15,23 @@ def configure_measure_gpu(sub: argparse._SubParsersAction[argparse.ArgumentParse
 
     p = sub.add_parser(
         "measure-gpu",
-        help="measure Tq(B), Tp and Tp1 on this machine's accelerator into a profile JSON (random weights)",
-        description="Times the draft's batched rounds and the target's verify and decode steps on Llama-shaped "
-        "models with random weights, and writes a profile for `starsd plan --profile-json` and "
-        "`starsd bench star --profile-json`. Acceptance (alpha) and transfer (Tc) are written as given.",
+        help="measure Tq(B), Tp and Tp1 of StarSD's runners on this machine's accelerator into a profile JSON",
+        description="Times the draft runner's batched rounds and the target runner's verify and decode steps "
+        "(the code the servers run) on Llama-shaped models with random weights or on checkpoints, and writes a "
+        "profile for `starsd plan --profile-json` and `starsd bench star --profile-json`. Acceptance (alpha) "
+        "and transfer (Tc) are written as given.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--draft", choices=sorted(SHAPES), default="llama-1b")
-    p.add_argument("--target", choices=sorted(SHAPES), default="llama-8b")
+    shapes = ", ".join(sorted(SHAPES))
+    model_help = f"a Llama shape with random weights ({shapes}) or a checkpoint directory"
+    p.add_argument("--draft", default="llama-1b", metavar="SHAPE|PATH", help=model_help)
+    p.add_argument("--target", default="llama-8b", metavar="SHAPE|PATH", help=model_help)
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--context", type=int, default=1024, help="tokens already in the KV cache")
     p.add_argument("--batches", type=_int_list, default=(1, 2, 4, 8, 16, 32), help="draft batch sizes, with 1")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
-    p.add_argument("--compile", action="store_true", help="torch.compile(mode='reduce-overhead'): CUDA graphs")
     p.add_argument("--alpha", type=float, default=0.7, help="acceptance to write into the profile (not measured)")
     p.add_argument("--tc", type=float, default=0.0001, help="one-way transfer to write into the profile")
     p.add_argument("--name", default=None, help="profile name (default: derived from the device and models)")
@@ -38,19 +40,25 @@ def configure_measure_gpu(sub: argparse._SubParsersAction[argparse.ArgumentParse
 
 
 def run_measure_gpu_command(args: argparse.Namespace) -> int:
-    from starsd.bench.measure_gpu import measure, to_profile
+    from starsd.bench.measure_gpu import SHAPES, measure
+    from starsd.bench.profiles import describe
+    from starsd.checkpoints import ModelLoadError
+
+    def refuse(why: str) -> int:
+        print(f"starsd bench measure-gpu: {why}", file=sys.stderr)
+        return 2
 
     if min(args.gamma, args.context, args.repeats) < 1 or 1 not in args.batches:
-        print("starsd bench measure-gpu: --gamma, --context, --repeats >= 1; --batches must hold 1", file=sys.stderr)
-        return 2
+        return refuse("--gamma, --context, --repeats >= 1; --batches must hold 1")
+    for flag, model in (("--draft", args.draft), ("--target", args.target)):
+        if model not in SHAPES and not Path(model).is_dir():
+            return refuse(f"{flag} {model!r} is neither a shape ({', '.join(sorted(SHAPES))}) nor a directory")
     args.batches = sorted(set(args.batches))
-    m = measure(args)
-    profile = to_profile(args, m)
+    try:
+        profile = measure(args, lambda line: print(line, file=sys.stderr, flush=True))
+    except (ValueError, ModelLoadError) as exc:
+        return refuse(str(exc))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(profile, indent=2))
-    raw = ", ".join(f"{b}:{t * 1e3:.3f}" for b, t in m["raw_draft_curve"])
-    print(
-        f"{profile['name']}: Tq(B) ms {raw}; Tp({args.gamma}) {m['tp'] * 1e3:.3f} ms; "
-        f"Tp1 {m['tp1'] * 1e3:.3f} ms -> {args.out}"
-    )
+    args.out.write_text(json.dumps(profile.to_dict(), indent=2))
+    print(f"{describe(profile)}\n-> {args.out}")
     return 0
