@@ -276,6 +276,12 @@ class BatchCurve:
                 return t0 + (t1 - t0) * (b - b0) / (b1 - b0)
         return self.points[0][1]  # a single-point curve: B must be 1
 
+    def up_to(self, b: int) -> BatchCurve:
+        """The curve of a draft that batches at most ``b`` requests (the points beyond ``b`` dropped)."""
+        if b >= self.max_batch:
+            return self
+        return BatchCurve((*((x, t) for x, t in self.points if x < b), (b, self.tq(b))))
+
     def per_request_time(self, b: int) -> float:
         """``Tq(B)/B``: the draft time one request costs when it shares a batch of ``B``."""
         return self.tq(b) / b

@@ -390,3 +390,11 @@ def test_batch_curve_parse_takes_the_unbatched_time_when_b1_is_missing() -> None
     assert BatchCurve.parse("8:0.006", unbatched=0.004).points == ((1, 0.004), (8, 0.006))
     # An explicit B=1 point wins over the supplied one.
     assert BatchCurve.parse("1:0.003,8:0.006", unbatched=0.004).tq(1) == 0.003
+
+
+def test_a_curve_up_to_a_batch_limit_ends_at_that_batch() -> None:
+    curve = BatchCurve(((1, 0.004), (4, 0.005), (8, 0.008)))
+    assert curve.up_to(8) is curve and curve.up_to(32) is curve
+    assert curve.up_to(6).points == ((1, 0.004), (4, 0.005), (6, pytest.approx(0.0065)))
+    assert curve.up_to(4).points == ((1, 0.004), (4, 0.005))
+    assert curve.up_to(1).points == ((1, 0.004),)

@@ -41,13 +41,13 @@ class ModelInputs:
     def optimal_targets(self) -> int:
         """N*: with batching, the batched one (the draft saturated at its best batch up to ``max_batch``)."""
         if self.max_batch > 1 and self.curve is not None:
-            return system_model.batched_optimal_targets(_clip(self.curve, self.max_batch), self.tp, self.tc)
+            return system_model.batched_optimal_targets(self.curve.up_to(self.max_batch), self.tp, self.tc)
         return system_model.optimal_targets(self.tq, self.tp, self.tc)
 
     def point(self, n: int) -> tuple[float, float, float, str]:
         """(throughput, utilisation, round time, regime) of the model at ``n`` targets."""
         if self.max_batch > 1 and self.curve is not None:
-            curve = _clip(self.curve, self.max_batch)
+            curve = self.curve.up_to(self.max_batch)
             p = system_model.batched_point(n, curve, self.tp, self.tc, self.gamma, betas=self.betas)
             return p.throughput, p.utilization, p.round_time, str(p.regime)
         return (
@@ -56,13 +56,6 @@ class ModelInputs:
             system_model.round_time(n, self.tq, self.tp, self.tc),
             str(system_model.regime(n, self.tq, self.tp, self.tc)),
         )
-
-
-def _clip(curve: system_model.BatchCurve, max_batch: int) -> system_model.BatchCurve:
-    if curve.max_batch <= max_batch:
-        return curve
-    pts = [(b, t) for b, t in curve.points if b < max_batch]
-    return system_model.BatchCurve((*pts, (max_batch, curve.tq(max_batch))))
 
 
 @dataclass

@@ -15,6 +15,7 @@ Only this module imports torch, and only when it runs.
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -69,20 +70,6 @@ def load_model(model: str, device: str, dtype: str) -> LoadedModel:
     return LoadedModel(weights, None, model, vocab, "random", MAX_POSITIONS, None, placement)
 
 
-def positions(model: str) -> int:
-    """The most positions ``model`` holds, read without loading its weights."""
-    if model in SHAPES:
-        return MAX_POSITIONS
-    from transformers import AutoConfig
-
-    from starsd.checkpoints import ModelLoadError, checkpoint_dir, context_length
-
-    try:
-        return context_length(AutoConfig.from_pretrained(checkpoint_dir(model), local_files_only=True))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot read the checkpoint config at {model!r}: {exc}") from exc
-
-
 def _timed(fn: Callable[[], object], sync: Callable[[], None], repeats: int) -> float:
     for _ in range(WARMUP):
         fn()
@@ -96,23 +83,22 @@ def _timed(fn: Callable[[], object], sync: Callable[[], None], repeats: int) -> 
     return statistics.median(times)
 
 
-def draft_round_seconds(loaded: LoadedModel, batch: int, args: argparse.Namespace, sync: Callable[[], None]) -> float:
-    import torch
+def _ids(loaded: LoadedModel, n: int, rng: random.Random) -> list[int]:
+    return [rng.randrange(loaded.vocab_size) for _ in range(n)]
 
+
+def draft_round_seconds(loaded: LoadedModel, batch: int, args: argparse.Namespace, sync: Callable[[], None]) -> float:
     from starsd.draft.runner import DraftRunner
     from starsd.proposals import DraftRequest, SamplingParams
 
-    runner = DraftRunner(loaded)
+    runner, rng = DraftRunner(loaded), random.Random(batch)
     states = [runner.new_state(seed=i) for i in range(batch)]
 
-    def propose(new_tokens: list[list[int]]) -> list[list[int]]:
-        requests = [
-            DraftRequest(s, t, args.gamma, SamplingParams(), 0) for s, t in zip(states, new_tokens, strict=True)
-        ]
+    def propose(new: list[list[int]]) -> list[list[int]]:
+        requests = [DraftRequest(s, t, args.gamma, SamplingParams(), 0) for s, t in zip(states, new, strict=True)]
         return [p.token_ids for p in runner.propose_batch(requests)]
 
-    rng = torch.Generator().manual_seed(batch)
-    last = propose(torch.randint(0, loaded.vocab_size, (batch, args.context), generator=rng).tolist())  # prefill
+    last = propose([_ids(loaded, args.context, rng) for _ in range(batch)])  # the prompts' prefill
 
     def round_() -> None:
         nonlocal last
@@ -122,19 +108,14 @@ def draft_round_seconds(loaded: LoadedModel, batch: int, args: argparse.Namespac
 
 
 def target_step_seconds(loaded: LoadedModel, args: argparse.Namespace, sync: Callable[[], None]) -> tuple[float, float]:
-    import torch
-
     from starsd.verifier.runner import StepRow, TargetRunner
 
-    runner = TargetRunner(loaded)
-    rng = torch.Generator().manual_seed(0)
-    session = runner.new_session(torch.randint(0, loaded.vocab_size, (args.context,), generator=rng).tolist())
+    runner, rng = TargetRunner(loaded), random.Random(0)
+    session = runner.new_session(_ids(loaded, args.context, rng))
     runner.step([StepRow(session, prefill=args.context - 1)])
 
     def verify() -> None:
-        runner.step(
-            [StepRow(session, drafts=torch.randint(0, loaded.vocab_size, (args.gamma,), generator=rng).tolist())]
-        )
+        runner.step([StepRow(session, drafts=_ids(loaded, args.gamma, rng))])
 
     return _timed(verify, sync, args.repeats), _timed(lambda: runner.step([StepRow(session)]), sync, args.repeats)
 
@@ -145,16 +126,17 @@ def needed_positions(args: argparse.Namespace) -> int:
 
 
 def measure(args: argparse.Namespace, progress: Callable[[str], None] = lambda _: None) -> Profile:
-    """Time the draft's rounds at every batch size, then the target's steps; ``progress`` hears each result."""
+    """Load both models, time the draft's rounds at every batch size, then the target's steps; ``progress``
+    hears each result."""
     import torch
 
-    for model in (args.draft, args.target):  # before anything is loaded or timed
-        if needed_positions(args) > positions(model):
+    draft, target = (load_model(m, args.device, args.dtype) for m in (args.draft, args.target))
+    for model, loaded in ((args.draft, draft), (args.target, target)):  # refused before anything is timed
+        if needed_positions(args) > loaded.max_context:
             raise ValueError(
-                f"{describe(model)} holds {positions(model)} positions; --context {args.context} "
+                f"{describe(model)} holds {loaded.max_context} positions; --context {args.context} "
                 f"with --repeats {args.repeats} and --gamma {args.gamma} needs {needed_positions(args)}"
             )
-    draft = load_model(args.draft, args.device, args.dtype)
     device = draft.device
 
     def sync() -> None:
@@ -168,10 +150,6 @@ def measure(args: argparse.Namespace, progress: Callable[[str], None] = lambda _
         progress(f"  Tq(B={b}) {t * 1e3:.3f} ms")
         # Noise can make a larger batch look a hair faster; a batch never is, so the curve stays non-decreasing.
         curve.append((b, round(max(t, curve[-1][1]) if curve else t, 7)))
-    del draft
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    target = load_model(args.target, args.device, args.dtype)
     progress(f"target {describe(args.target)} on {target.placement.describe()}")
     tp, tp1 = target_step_seconds(target, args, sync)
     progress(f"  Tp({args.gamma}) {tp * 1e3:.3f} ms, Tp1 {tp1 * 1e3:.3f} ms")
