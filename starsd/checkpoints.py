@@ -64,11 +64,6 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(max(1, threads))
 
 
-def context_length(config: Any) -> int:
-    """The most positions a model of this ``transformers`` config holds (2048 where the config does not say)."""
-    return int(getattr(config, "max_position_embeddings", 0) or 2048)
-
-
 def load_checkpoint(path: str | Path, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
     """Load a causal LM checkpoint from a local directory, offline (nothing is fetched from a hub), onto
     ``device`` in ``dtype`` (see :mod:`starsd.devices`; ``auto``: CUDA + bf16 when a GPU is visible)."""
@@ -92,7 +87,7 @@ def load_checkpoint(path: str | Path, device: str = "cpu", dtype: str = "float32
         raise ModelLoadError(f"cannot load the checkpoint at {str(root)!r}: {exc}") from exc
     model.eval()
     config = model.config
-    max_context = context_length(config)
+    max_context = int(getattr(config, "max_position_embeddings", 0) or 2048)
     vocab_size = int(model.get_output_embeddings().weight.shape[0])
     if len(tokenizer) > vocab_size:
         raise ModelLoadError(
