@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 
@@ -43,10 +42,10 @@ def run_measure_gpu_command(args: argparse.Namespace) -> int:
     from starsd.bench.measure_gpu import SHAPES, measure
     from starsd.bench.profiles import describe
     from starsd.checkpoints import ModelLoadError
+    from starsd.commands.bench import _error, _stderr_line
 
     def refuse(why: str) -> int:
-        print(f"starsd bench measure-gpu: {why}", file=sys.stderr)
-        return 2
+        return _error(why, "measure-gpu")
 
     if min(args.gamma, args.context, args.repeats) < 1 or 1 not in args.batches:
         return refuse("--gamma, --context, --repeats >= 1; --batches must hold 1")
@@ -55,7 +54,7 @@ def run_measure_gpu_command(args: argparse.Namespace) -> int:
             return refuse(f"{flag} {model!r} is neither a shape ({', '.join(sorted(SHAPES))}) nor a directory")
     args.batches = sorted(set(args.batches))
     try:
-        profile = measure(args, lambda line: print(line, file=sys.stderr, flush=True))
+        profile = measure(args, _stderr_line)
     except (ValueError, ModelLoadError) as exc:
         return refuse(str(exc))
     args.out.parent.mkdir(parents=True, exist_ok=True)
