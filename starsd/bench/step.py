@@ -52,7 +52,7 @@ class StepPlan:
     dtype: str = "auto"
     warmup: int = 2
     repeats: int = 5
-    budget: float | None = None  # seconds; configurations not started by then are listed as skipped
+    budget: float | None = None  # seconds (each role its share); configurations not started in time are skipped
     seed: int = 0
 
     def check(self) -> None:
@@ -312,10 +312,13 @@ def run_step_bench(
     }
     rng = random.Random(plan.seed)
 
-    def over_budget() -> bool:
-        return plan.budget is not None and time.perf_counter() - started > plan.budget
+    share = 0
+
+    def over_budget() -> bool:  # each role may spend its share of the budget and what earlier roles left
+        return plan.budget is not None and time.perf_counter() - started > plan.budget * share / len(plan.roles)
 
     for role in plan.roles:
+        share += 1
         model = plan.target if role == "target" else plan.draft
         progress(f"{role}: loading {describe(model)}")
         loaded = load_model(model, plan.device, plan.dtype)
