@@ -4,7 +4,7 @@
 #   bash bench/gpu/run.sh [OUT]        # or: make gpu-check
 #
 # OUT: the results folder ($OUT when set, as on the device machine; else the argument; else
-# bench/gpu/results/<UTC date and time>). With a visible GPU the stages run at full size (~1B draft and ~8B
+# bench/gpu/results/<UTC date and time>, or bench/results/gpu-check-<...> for the CPU path). With a visible GPU the stages run at full size (~1B draft and ~8B
 # target in bf16, the shipped pair for the lossless checks); without one, or with GPU_CHECK_SMALL=1, they run
 # their CPU path (tiny shapes, seconds), which the test suite runs too. Wheels in .whl/ (bench/gpu/wheels.sh
 # downloads them) are installed into a private folder first, for machines that lack the gRPC packages.
@@ -15,9 +15,6 @@ set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 ROOT=$PWD
 PY=${PYTHON:-python3}
-OUT=${OUT:-${1:-bench/gpu/results/$(date -u +%Y%m%d-%H%M%S)}}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
 STARTED=$(date +%s)
 
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -33,9 +30,14 @@ fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 
 SMALL=()
+DEFAULT_OUT=bench/gpu/results/$(date -u +%Y%m%d-%H%M%S)  # tracked: a GPU run's results are committed
 if [[ ${GPU_CHECK_SMALL:-0} == 1 ]] || ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     SMALL=(--small)
+    DEFAULT_OUT=bench/results/gpu-check-$(date -u +%Y%m%d-%H%M%S)  # git-ignored: the CPU path's are not
 fi
+OUT=${OUT:-${1:-$DEFAULT_OUT}}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 echo "gpu check -> $OUT (${SMALL[*]:-full size})" >&2
 
 STAGES_JSON="$OUT/stages.json"
