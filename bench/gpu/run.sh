@@ -8,7 +8,7 @@
 # target in bf16, the shipped pair for the lossless checks); without one, or with GPU_CHECK_SMALL=1, they run
 # their CPU path (tiny shapes, seconds), which the test suite runs too. Wheels in .whl/ (bench/gpu/wheels.sh
 # downloads them) are installed into a private folder first, for machines that lack the gRPC packages.
-# Each stage has its own time limit, the whole run GPU_CHECK_TOTAL seconds (default 540); stages.json records
+# Each stage has its own time limit, the whole run GPU_CHECK_TOTAL seconds (default 480); stages.json records
 # each stage's exit status and seconds.
 set -uo pipefail
 
@@ -46,7 +46,7 @@ echo "[]" >"$STAGES_JSON"
 # The whole run ends by STARTED + TOTAL: a stage's limit shrinks to what is left (keeping RESERVE seconds for the
 # profile stage), and a stage with under 10 seconds left is skipped.
 # GPU_CHECK_LIMIT_SCALE multiplies every stage's limit (a slow, shared CPU runs the small path for minutes).
-TOTAL=${GPU_CHECK_TOTAL:-540}
+TOTAL=${GPU_CHECK_TOTAL:-480}
 SCALE=${GPU_CHECK_LIMIT_SCALE:-1}
 RESERVE=30
 
@@ -67,7 +67,7 @@ stage() {
     echo "== $name (limit ${limit} s)" >&2
     rc=125
     if ((limit > 0)); then
-        timeout -k 5 "$limit" "$PY" -m starsd.bench.gpu_check "$name" --out "$OUT" "${SMALL[@]}" "$@" \
+        timeout -k 20 "$limit" "$PY" -m starsd.bench.gpu_check "$name" --out "$OUT" "${SMALL[@]}" "$@" \
             >"$OUT/$name.out" 2>"$OUT/$name.log"
         rc=$?
     fi
@@ -85,7 +85,7 @@ EOF
 
 stage preflight 40
 stage correctness 120
-stage step 190 --budget "${GPU_CHECK_STEP_BUDGET:-130}"
+stage step 180 --budget "${GPU_CHECK_STEP_BUDGET:-120}"
 stage star 90
 stage smoke 90
 stage profile 30

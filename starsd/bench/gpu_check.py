@@ -24,6 +24,7 @@ import importlib.metadata
 import json
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -193,7 +194,19 @@ def correctness(out: Path, small: bool) -> dict[str, Any]:
 
     result: dict[str, Any] = {}
     junit = out / "correctness-junit.xml"
-    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CUDA_TESTS, "-k", "cuda"]
+    args = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "timeout=90",
+        *CUDA_TESTS,
+        "-k",
+        "cuda",
+    ]
     started = time.perf_counter()
     proc = subprocess.run([*args, f"--junitxml={junit}"], capture_output=True, text=True, timeout=600)
     cases = junit_outcomes(junit) if junit.exists() else []
@@ -263,13 +276,20 @@ def step_prediction(step_data: dict[str, Any] | None, mode: str = "eager") -> tu
 def star(out: Path, small: bool) -> dict[str, Any]:
     from starsd.bench.inproc_star import point_dict, run_point
     from starsd.bench.measure_gpu import describe, load_model
+    from starsd.bench.step import graphs_parameter
+    from starsd.draft.runner import DraftRunner
+    from starsd.verifier.runner import TargetRunner
 
     draft_model, target_model = ("tiny", "tiny") if small else ("llama-1b", "llama-8b")
     device, dtype = ("cpu", "float32") if small else ("cuda", "bfloat16")
     context, rounds = (32, 6) if small else (CONTEXT, 20)
     draft, target = load_model(draft_model, device, dtype), load_model(target_model, device, dtype)
-    prediction = step_prediction(_read(out, "step"))
+    # The servers' own default: CUDA graphs where the runners have them (on CUDA), else eager steps.
+    graphs = device == "cuda" and all(graphs_parameter(c) is not None for c in (DraftRunner, TargetRunner))
+    mode = "graphs" if graphs else "eager"
+    prediction = step_prediction(_read(out, "step"), mode)
     result: dict[str, Any] = {
+        "mode": mode,
         "draft": describe(draft_model),
         "target": describe(target_model),
         "device": device,
@@ -280,7 +300,7 @@ def star(out: Path, small: bool) -> dict[str, Any]:
         "points": [],
     }
     for n in (1, 2, 4):
-        point = run_point(draft, target, n, GAMMA, ALPHA, context, rounds, prediction)
+        point = run_point(draft, target, n, GAMMA, ALPHA, context, rounds, prediction, mode=mode)
         result["points"].append(point_dict(point))
         _progress(
             f"  star N={n}: {point.tokens_per_s:.1f} tok/s, alone {point.alone_tokens_per_s:.1f}, "
@@ -469,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--small", action="store_true", help="the CPU path: tiny shapes, seconds")
     parser.add_argument("--budget", type=float, default=150.0, help="seconds for the step table (then partial)")
     args = parser.parse_args(argv)
+    # A stage cut off by its time limit (SIGTERM) unwinds: a local star stops its servers, a test run is killed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     runs: dict[str, Callable[[], dict[str, Any]]] = {
         "preflight": lambda: preflight(args.out, args.small),
         "correctness": lambda: correctness(args.out, args.small),

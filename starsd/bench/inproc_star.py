@@ -58,6 +58,7 @@ def forcing(drafts: list[int], accept: int) -> Callable[[Any], Any]:
 @dataclass
 class StarPoint:
     targets: int
+    mode: str  # eager, or graphs
     rounds: int  # per target
     tokens: int
     seconds: float  # the composed timeline's length
@@ -92,13 +93,19 @@ def run_point(
     rounds: int,
     prediction: tuple[system_model.BatchCurve, float] | None = None,
     seed: int = 0,
+    mode: str = "eager",
 ) -> StarPoint:
-    """One star of ``n`` targets for ``rounds`` rounds each (see the module's docstring)."""
+    """One star of ``n`` targets for ``rounds`` rounds each (see the module's docstring), the runners in ``mode``
+    (``eager``, or ``graphs`` where they have CUDA graphs: see :func:`starsd.bench.step.runner_options`)."""
     import torch
 
+    from starsd.bench.step import graphs_parameter, runner_options
     from starsd.draft.runner import DraftRunner
     from starsd.proposals import DraftRequest, SamplingParams
     from starsd.verifier.runner import StepRow, TargetRunner
+
+    def options(cls: type) -> dict[str, Any]:
+        return runner_options(cls, mode) if graphs_parameter(cls) is not None or mode == "graphs" else {}
 
     device = target_loaded.device
 
@@ -108,8 +115,8 @@ def run_point(
 
     rng = random.Random(seed)
     vocab = min(draft_loaded.vocab_size, target_loaded.vocab_size)
-    draft = DraftRunner(draft_loaded)
-    targets = [TargetRunner(target_loaded) for _ in range(n)]
+    draft = DraftRunner(draft_loaded, **options(DraftRunner))
+    targets = [TargetRunner(target_loaded, **options(TargetRunner)) for _ in range(n)]
     prompts = [[rng.randrange(vocab) for _ in range(context)] for _ in range(n)]
     sessions = [t.new_session(p) for t, p in zip(targets, prompts, strict=True)]
     for t, s in zip(targets, sessions, strict=True):
@@ -174,6 +181,7 @@ def run_point(
     alone = n / tp1
     return StarPoint(
         targets=n,
+        mode=mode,
         rounds=rounds,
         tokens=tokens,
         seconds=round(seconds, 6),

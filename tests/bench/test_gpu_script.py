@@ -94,7 +94,7 @@ def test_the_local_smoke_matches_the_target_alone(results: Path) -> None:
 def test_the_profile_stage_writes_a_profile_starsd_loads_and_the_goals(results: Path) -> None:
     p = profiles.load_profile_json(results / "profile.json")
     assert p.kind == "measured" and "bench/gpu/run.sh" in p.source and p.curve() is not None
-    assert p.tp1 == _json(results, "star")["points"][0]["tp1_ms"] / 1e3
+    assert p.tp1 == pytest.approx(_json(results, "star")["points"][0]["tp1_ms"] / 1e3)
     summary = _json(results, "summary")
     assert summary["profile"] == p.name and summary["correctness_passed"] and summary["smoke_passed"]
     goals = summary["step_goals"]["eager"]
