@@ -47,13 +47,13 @@ def configure_step(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     shapes = ", ".join(sorted(SHAPES))
     p.add_argument("--draft", default="llama-1b", metavar="SHAPE|PATH", help=f"a shape ({shapes}) or a checkpoint")
     p.add_argument("--target", default="llama-8b", metavar="SHAPE|PATH", help=f"a shape ({shapes}) or a checkpoint")
-    p.add_argument("--roles", type=_names(ROLES), default=ROLES, help="which steps to time")
-    p.add_argument("--batches", type=_counts, default=(1, 4, 16, 32, 64), help="rows (sessions) per step")
-    p.add_argument("--gammas", type=_counts, default=(2, 4, 8), help="drafts per row")
-    p.add_argument("--contexts", type=_counts, default=(128, 1024), help="cached tokens per session at the start")
-    p.add_argument("--slots", type=_names(SLOTS), default=SLOTS, help="rows in slot order, or a random subset")
+    p.add_argument("--roles", type=_names(ROLES), default=",".join(ROLES), help="which steps to time")
+    p.add_argument("--batches", type=_counts, default="1,4,16,32,64", help="rows (sessions) per step")
+    p.add_argument("--gammas", type=_counts, default="2,4,8", help="drafts per row")
+    p.add_argument("--contexts", type=_counts, default="128,1024", help="cached tokens per session at the start")
+    p.add_argument("--slots", type=_names(SLOTS), default=",".join(SLOTS), help="rows in slot order, or a random subset")
     p.add_argument(
-        "--modes", type=_names(MODES), default=MODES, help="eager, and CUDA graphs where the runners have them"
+        "--modes", type=_names(MODES), default=",".join(MODES), help="eager, and CUDA graphs where the runners have them"
     )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
