@@ -51,9 +51,10 @@ def configure_step(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--batches", type=_counts, default="1,4,16,32,64", help="rows (sessions) per step")
     p.add_argument("--gammas", type=_counts, default="2,4,8", help="drafts per row")
     p.add_argument("--contexts", type=_counts, default="128,1024", help="cached tokens per session at the start")
-    p.add_argument("--slots", type=_names(SLOTS), default=",".join(SLOTS), help="rows in slot order, or a random subset")
+    slots, modes = ",".join(SLOTS), ",".join(MODES)
+    p.add_argument("--slots", type=_names(SLOTS), default=slots, help="rows in slot order, or a random subset")
     p.add_argument(
-        "--modes", type=_names(MODES), default=",".join(MODES), help="eager, and CUDA graphs where the runners have them"
+        "--modes", type=_names(MODES), default=modes, help="eager, and CUDA graphs where the runners have them"
     )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
