@@ -205,15 +205,18 @@ class _TargetBench:
         self.vocab, self.rng = loaded.vocab_size, rng
         self.runner = TargetRunner(loaded, **runner_options(TargetRunner, mode))
         self.sessions = [self.runner.new_session(_ids(self.vocab, context, rng)) for _ in range(count)]
+        self.length = {id(s): context - 1 for s in self.sessions}  # cached tokens, counted from the outcomes
         chunk = max(1, PREFILL_TOKENS // context)
         for i in range(0, count, chunk):  # slots are taken in this order: sessions[i] holds slot i
             self.runner.step([StepRow(s, prefill=context - 1) for s in self.sessions[i : i + chunk]])
 
     def step(self, rows: list[Any], gamma: int) -> None:
-        self.runner.step([self._row(s, drafts=_ids(self.vocab, gamma, self.rng)) for s in rows])
+        outcomes = self.runner.step([self._row(s, drafts=_ids(self.vocab, gamma, self.rng)) for s in rows])
+        for s, outcome in zip(rows, outcomes, strict=True):
+            self.length[id(s)] += len(outcome.tokens)
 
     def context(self, rows: list[Any]) -> float:
-        return statistics.fmean(len(s.committed) - 1 for s in rows)
+        return statistics.fmean(self.length[id(s)] for s in rows)
 
     def close(self) -> None:
         for s in self.sessions:
