@@ -34,6 +34,13 @@ test: install ## the whole test suite: unit, integration (real servers on loopba
 unit: install ## the tests that need no Kubernetes control plane
 	$(BIN)/pytest tests
 
+.PHONY: gpu-check gpu-wheels
+gpu-check: ## the GPU check (bench/gpu/run.sh): lossless on CUDA, the step table, a star on one GPU, a local smoke (JSON per stage; CPU path without a GPU)
+	PYTHON=$$(test -x $(BIN)/python && echo $(BIN)/python || echo python3) bash bench/gpu/run.sh
+
+gpu-wheels: ## download the wheels a GPU machine without network needs for gpu-check into .whl/
+	PYTHON=$$(test -x $(BIN)/python && echo $(BIN)/python || echo python3) bash bench/gpu/wheels.sh
+
 .PHONY: test-fast cluster-env
 test-fast: install ## the quick loop: unit tests only (no servers on loopback, no control plane)
 	$(BIN)/pytest -q tests --ignore=tests/integration --ignore=tests/reliability -m "not slow"
@@ -73,7 +80,7 @@ lint: install ## ruff, the formatter check, mypy (strict on the core packages: p
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy starsd operator/starsd_operator
 	$(BIN)/hadolint images/draft/Dockerfile images/target/Dockerfile images/operator/Dockerfile images/base/Dockerfile
-	$(BIN)/shellcheck -x e2e/cluster/cluster.sh e2e/cluster/lib/*.sh images/*.sh images/lib/*.sh
+	$(BIN)/shellcheck -x e2e/cluster/cluster.sh e2e/cluster/lib/*.sh images/*.sh images/lib/*.sh bench/gpu/*.sh
 
 format: install ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .

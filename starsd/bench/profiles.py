@@ -269,3 +269,23 @@ def n_star_derivation(p: Profile) -> str:
         f"N* = ceil(1 + (Tp + 2 Tc) / Tq) = ceil(1 + ({p.tp * 1e3:.3f} + {2 * p.tc * 1e3:.3f}) / "
         f"{p.tq * 1e3:.3f}) = {n_star}."
     )
+
+
+# Profiles measured by StarSD itself on real hardware (bench/gpu/run.sh writes one as profile.json): one JSON file
+# each, shipped with the package. A file dropped here appears in `starsd bench profiles` and is usable by name.
+MEASURED_DIR = Path(__file__).with_name("measured")
+
+
+def measured_profiles(directory: Path = MEASURED_DIR) -> tuple[Profile, ...]:
+    """The profiles in ``directory`` (``*.json``, by file name), each a measurement: kind ``measured`` and a
+    source are required, so that a profile never appears without saying where its numbers come from."""
+    found = []
+    for path in sorted(directory.glob("*.json")):
+        p = load_profile_json(path)
+        if p.kind != "measured" or not p.source:
+            raise ValueError(f"{path}: a shipped measured profile needs kind 'measured' and a source")
+        found.append(p)
+    return tuple(found)
+
+
+PROFILES = PROFILES + measured_profiles()

@@ -90,9 +90,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     configure_draft_benchmarks(sub)
     from starsd.commands.bench_gpu import configure_measure_gpu
     from starsd.commands.bench_serve import configure_serve
+    from starsd.commands.bench_step import configure_step
 
     configure_serve(sub)
     configure_measure_gpu(sub)
+    configure_step(sub)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     if handler is None:
         print(
             "starsd bench: choose a benchmark: star | serve | profiles | capacity | fairness | gamma | protocol | "
-            "measure-gpu (see --help)",
+            "measure-gpu | step (see --help)",
             file=sys.stderr,
         )
         return 2

@@ -138,3 +138,19 @@ def test_every_n_star_a_description_states_is_the_models() -> None:
         derivation = next(line for line in text.splitlines() if line.startswith("  derivation:"))
         assert derivation.endswith(f") = {expected}."), p.name
         assert not re.search(r"N\* is \d", p.derivation + p.source), p.name
+
+
+def test_a_measured_profile_dropped_into_the_folder_is_listed_and_usable_by_name(tmp_path: Path) -> None:
+    measured = dict(profiles.get("h100-llama3.1-70b-tp4_llama3.2-1b").to_dict(), name="gpu-measured", kind="measured")
+    (tmp_path / "gpu.json").write_text(json.dumps(measured))
+    found = profiles.measured_profiles(tmp_path)
+    assert [p.name for p in found] == ["gpu-measured"] and found[0].curve() is not None
+    unsourced = dict(measured, source="")
+    (tmp_path / "gpu.json").write_text(json.dumps(unsourced))
+    with pytest.raises(ValueError, match="needs kind 'measured' and a source"):
+        profiles.measured_profiles(tmp_path)
+
+
+def test_every_shipped_measured_profile_is_in_the_table() -> None:
+    for p in profiles.measured_profiles():
+        assert profiles.get(p.name) == p

@@ -1,0 +1,101 @@
+"""``starsd bench step``: one target step and one draft step, timed per batch size, gamma, context and slot order
+(see :mod:`starsd.bench.step`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+
+def _names(known: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
+    def parse(text: str) -> tuple[str, ...]:
+        values = tuple(x.strip() for x in text.split(",") if x.strip())
+        bad = [v for v in values if v not in known]
+        if bad or not values:
+            raise argparse.ArgumentTypeError(f"expected some of {','.join(known)}, got {text!r}")
+        return values
+
+    return parse
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"values must be >= 0, got {text!r}")
+    return values
+
+
+def configure_step(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from starsd.bench.measure_gpu import SHAPES
+    from starsd.bench.step import MODES, ROLES, SLOTS
+
+    p = sub.add_parser(
+        "step",
+        help="time one target step and one draft step of StarSD's runners per B, gamma, context and slot order",
+        description="Times TargetRunner.step (B rows verifying gamma drafts each) and DraftRunner.propose_batch "
+        "(B sessions, gamma greedy tokens each) on Llama-shaped random-weight models or checkpoints, on any "
+        "device: wall time with the device synchronised, CUDA-event time on CUDA, and the host synchronisations "
+        "of one step (torch's sync debug mode on CUDA, a counter of would-be syncs on a CPU). Progress goes to "
+        "stderr, the table to stdout, the results to --json after every configuration.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    shapes = ", ".join(sorted(SHAPES))
+    p.add_argument("--draft", default="llama-1b", metavar="SHAPE|PATH", help=f"a shape ({shapes}) or a checkpoint")
+    p.add_argument("--target", default="llama-8b", metavar="SHAPE|PATH", help=f"a shape ({shapes}) or a checkpoint")
+    p.add_argument("--roles", type=_names(ROLES), default=",".join(ROLES), help="which steps to time")
+    p.add_argument("--batches", type=_counts, default="1,4,16,32,64", help="rows (sessions) per step")
+    p.add_argument("--gammas", type=_counts, default="2,4,8", help="drafts per row")
+    p.add_argument("--contexts", type=_counts, default="128,1024", help="cached tokens per session at the start")
+    slots, modes = ",".join(SLOTS), ",".join(MODES)
+    p.add_argument("--slots", type=_names(SLOTS), default=slots, help="rows in slot order, or a random subset")
+    p.add_argument(
+        "--modes", type=_names(MODES), default=modes, help="eager, and CUDA graphs where the runners have them"
+    )
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per configuration")
+    p.add_argument("--repeats", type=int, default=5, help="timed steps per configuration (medians)")
+    p.add_argument("--budget", type=float, help="seconds; configurations not started by then are skipped")
+    p.add_argument("--json", type=Path, metavar="FILE", help="write the results here (after every configuration)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(_bench=run_step_command)
+
+
+def run_step_command(args: argparse.Namespace) -> int:
+    from starsd.bench.measure_gpu import SHAPES
+    from starsd.bench.step import StepPlan, run_step_bench, write_report
+    from starsd.checkpoints import ModelLoadError
+    from starsd.commands.bench import _error, _stderr_line
+
+    for flag, model in (("--draft", args.draft), ("--target", args.target)):
+        if model not in SHAPES and not Path(model).is_dir():
+            return _error(f"{flag} {model!r} is neither a shape ({', '.join(sorted(SHAPES))}) nor a directory", "step")
+    plan = StepPlan(
+        draft=args.draft,
+        target=args.target,
+        roles=args.roles,
+        batches=tuple(sorted(set(args.batches))),
+        gammas=tuple(sorted(set(args.gammas))),
+        contexts=tuple(sorted(set(args.contexts))),
+        slots=args.slots,
+        modes=args.modes,
+        device=args.device,
+        dtype=args.dtype,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        budget=args.budget,
+    )
+    try:
+        plan.check()
+        report = run_step_bench(plan, (lambda _: None) if args.quiet else _stderr_line, write_report(args.json))
+    except (ValueError, ModelLoadError) as exc:
+        return _error(str(exc), "step")
+    print(report.table())
+    if args.json:
+        print(f"-> {args.json}", file=sys.stderr)
+    return 0
