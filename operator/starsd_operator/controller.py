@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from . import (
+    apikey,
     children,
     churn,
     draft,
@@ -110,10 +111,12 @@ def reconcile(
         spec = parse(body.get("spec") or {})
         before = _existing(kube, owner)
         images = cluster_images(owner, spec, body, config, before)
+        key = apikey.observe(kube, owner, spec.auth)
         pods = kube.list("Pod", owner.namespace, naming.owned_selector(owner, c.COMPONENT_TARGET))
         sets = [obj for (kind, _), obj in before.items() if kind == "StatefulSet"]
-        plan = plan_rollouts(owner, spec, body, children.desired(owner, spec, images), sets, pods, now or time.time())
-        wanted = children.desired(owner, spec, images, {r.name: r.partition for r in plan})
+        first = children.desired(owner, spec, images, api_key=key)
+        plan = plan_rollouts(owner, spec, body, first, sets, pods, now or time.time())
+        wanted = children.desired(owner, spec, images, {r.name: r.partition for r in plan}, key)
         for obj in wanted:
             kube.apply(obj)
         events = change_events(before, wanted)
@@ -276,6 +279,7 @@ def _step_rollouts(
     spec: ClusterSpec,
     observed: status.Children,
     now: float,
+    api_key: apikey.KeyState | None = None,
 ) -> tuple[list[rollout.PoolRollout] | None, list[Event]]:
     """The pools' rollouts now, and the Events of their changes; when a partition should move (a pod came up
     on the new revision, a pool's turn came, a rollout halted), the StatefulSets are applied again. Nothing
@@ -285,7 +289,7 @@ def _step_rollouts(
     existing.update({("Deployment", str((o.get("metadata") or {}).get("name"))): o for o in observed.deployments})
     try:
         images = cluster_images(owner, spec, body, config, existing)
-        wanted = children.desired(owner, spec, images)
+        wanted = children.desired(owner, spec, images, api_key=api_key)
     except SpecError:
         return None, []
     plan = plan_rollouts(owner, spec, body, wanted, observed.statefulsets, observed.pods, now)
@@ -374,9 +378,11 @@ def tick(
     observed = observe(kube, owner)
     events: list[Event] = []
     plan: list[rollout.PoolRollout] | None = None
+    key: apikey.KeyState | None = None
     if spec is not None:
+        key = apikey.observe(kube, owner, spec.auth)  # a changed key rolls the pools (see .apikey)
         observed, events = _repair(kube, body, config, memory, spec, observed, previous.get("observedGeneration"))
-        plan, stepped = _step_rollouts(kube, body, config, memory, spec, observed, now.timestamp())
+        plan, stepped = _step_rollouts(kube, body, config, memory, spec, observed, now.timestamp(), key)
         events += stepped
     error = memory.reconcile_error
     obs = status.Observation(
@@ -387,6 +393,7 @@ def tick(
         spec_error=spec_error,
         reconcile_error=error[1] if error and error[0] == generation else None,
         rollouts=plan,
+        api_key=key,
     )
     if spec is not None:
         obs, rebalanced = _rebalance(kube, body, memory, spec, obs, now=now, fetch=fetch, config=config)
