@@ -298,19 +298,28 @@ def _step_rollouts(
     current = (body.get("status") or {}).get("observedGeneration") == meta.get("generation")
     if not current or memory.reconcile_error is not None or meta.get("deletionTimestamp"):
         return plan, events
+    # A pool moves when its partition should, or when its template changed outside the spec (the API key's
+    # Secret, see .apikey): no handler runs for that, so the tick applies it.
+    hashes = {str(o["metadata"]["name"]): _template_hash(o) for o in wanted if o.get("kind") == "StatefulSet"}
     moved = [
         r.name
         for r in plan
-        if (sts := existing.get(("StatefulSet", naming.pool_name(owner, r.name)))) is not None
-        and _partition(sts) != r.partition
+        if (sts := existing.get(("StatefulSet", name := naming.pool_name(owner, r.name)))) is not None
+        and (_partition(sts) != r.partition or _template_hash(sts) != hashes.get(name))
     ]
     if moved:
-        log.info("%s/%s: moving the rollout partition of pools %s", owner.namespace, owner.name, ", ".join(moved))
+        log.info("%s/%s: moving the rollout of pools %s", owner.namespace, owner.name, ", ".join(moved))
         try:
             events += reconcile(kube, body, config, memory, now=now)
         except (SpecError, KubeError) as exc:
             log.warning("stepping the rollout of %s/%s failed: %s", owner.namespace, owner.name, exc)
     return plan, events
+
+
+def _template_hash(sts: Mapping[str, Any]) -> str | None:
+    """The hash of the pod template the operator last applied to a StatefulSet (see .rollout)."""
+    value = ((sts.get("metadata") or {}).get("annotations") or {}).get(rollout.ANNOTATION_TEMPLATE_HASH)
+    return None if value is None else str(value)
 
 
 def _partition(sts: Mapping[str, Any]) -> int:

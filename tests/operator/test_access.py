@@ -264,6 +264,13 @@ def test_a_changed_key_rolls_the_first_pool_and_holds_the_next() -> None:
     l4 = kube.objects[("StatefulSet", "ml", "chat-target-l4")]
     assert l4["spec"]["updateStrategy"]["rollingUpdate"]["partition"] == l4["spec"]["replicas"]  # held
 
+    # Another change mid-rollout (no partition moves): the tick still applies the newest key's template.
+    kube.put(secret("sk-newer-key-2"))
+    controller.tick(kube, body, CONFIG, Memory(), now=NOW, fetch=no_load)
+    for name in ("chat-target-h100", "chat-target-l4"):
+        newest = kube.objects[("StatefulSet", "ml", name)]["spec"]["template"]["metadata"]["annotations"]
+        assert newest[apikey.ANNOTATION_DIGEST] not in (digest, None), name
+
 
 def test_an_operator_that_may_not_read_secrets_still_reconciles_and_says_it_cannot_tell() -> None:
     kube = FakeKube()
