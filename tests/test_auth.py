@@ -174,3 +174,19 @@ def test_the_right_key_passes_and_a_wrong_one_is_counted_apart() -> None:
     assert isinstance(error, dict) and "not valid" in str(error["message"])
     assert refused.labels(reason=auth.INVALID)._value.get() == 1
     assert refused.labels(reason=auth.MISSING)._value.get() == 0
+
+
+@pytest.mark.parametrize("command", [["local"], ["target", "--model", "/nonexistent"]])
+def test_the_commands_refuse_unusable_keys_before_starting_anything(
+    command: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from starsd.cli import main
+
+    monkeypatch.setenv(auth.ENV_API_KEY, "")
+    assert main([*command, "--api-key", KEY]) == 2
+    err = capsys.readouterr().err
+    assert "$STARSD_API_KEY is set but holds no key" in err and KEY not in err
+    monkeypatch.delenv(auth.ENV_API_KEY)
+    assert main([*command, "--api-key", f"{KEY} trailing-part"]) == 2
+    err = capsys.readouterr().err
+    assert "API key 1 from --api-key is not usable" in err and "trailing-part" not in err
