@@ -25,6 +25,11 @@ DRAFT_METRICS_PORT: Final = 9090  # /v1/load, /metrics, /healthz, /readyz of a d
 TARGET_HTTP_PORT: Final = 8000  # the OpenAI API, /metrics, /healthz, /readyz of a target
 OPERATOR_HEALTH_PORT: Final = 8080  # kopf's liveness endpoint (/healthz)
 
+# --- Access ------------------------------------------------------------------------------------------------
+# The environment variable holding a target's accepted API keys (starsd.verifier.auth); the operator fills it
+# from spec.auth.apiKeySecretRef.
+API_KEY_ENV: Final = "STARSD_API_KEY"
+
 # --- Placement ---------------------------------------------------------------------------------------------
 DTYPES: Final = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 on CUDA, float32 on the CPU
 

@@ -115,6 +115,10 @@ class LocalStar:
     threads: int = 1  # torch threads per process
     device: str = "auto"  # --device and --dtype of every process (see starsd.devices)
     dtype: str = "auto"
+    # Keys the targets accept (starsd.verifier.auth), handed over in their environment, never their argv;
+    # empty: open targets, whatever $STARSD_API_KEY this process has.
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    log_level: str | None = None  # every process's --log-level (None: the default, INFO)
 
     def __post_init__(self) -> None:
         if self.drafts < 1:
@@ -172,10 +176,22 @@ class LocalStar:
         env = dict(os.environ)
         env.update(STARSD_TORCH_THREADS=str(self.threads), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env.pop(defaults.API_KEY_ENV, None)  # only the keys given here (the demo and benchmarks call without one)
         return env
 
+    def _target_env(self) -> dict[str, str]:
+        env = self._env()
+        if self.api_keys:
+            env[defaults.API_KEY_ENV] = ",".join(self.api_keys)
+        return env
+
+    def _cli(self) -> list[str]:
+        """The interpreter and ``starsd`` with the options that precede the command."""
+        argv = [sys.executable, "-m", "starsd.cli"]
+        return argv + (["--log-level", self.log_level] if self.log_level else [])
+
     def _draft_proc(self, i: int = 0) -> Proc:
-        argv = [sys.executable, "-m", "starsd.cli", "draft", "--host", self.host, "--port", str(self.draft_ports[i])]
+        argv = [*self._cli(), "draft", "--host", self.host, "--port", str(self.draft_ports[i])]
         argv += ["--metrics-port", str(self.metrics_ports[i])]
         if self.emulate_service_time is not None:
             argv += ["--emulate-service-time", str(self.emulate_service_time)]
@@ -186,7 +202,7 @@ class LocalStar:
         return Proc(name, argv + self.draft_args, self.log_dir / f"{name}.log")
 
     def _target_proc(self, i: int, port: int) -> Proc:
-        argv = [sys.executable, "-m", "starsd.cli", "target", "--model", str(self.target_model)]
+        argv = [*self._cli(), "target", "--model", str(self.target_model)]
         argv += ["--draft", ",".join(self.draft_addresses), "--host", self.host, "--port", str(port)]
         argv += ["--gamma", str(self.gamma), "--id", f"target-{i}", "--device", self.device, "--dtype", self.dtype]
         assert self.log_dir is not None
@@ -200,8 +216,9 @@ class LocalStar:
             assert draft is not None
             draft.start(env)
         self.target_procs = [self._target_proc(i, p) for i, p in enumerate(self.target_ports)]
+        target_env = self._target_env()
         for proc in self.target_procs:
-            proc.start(env)
+            proc.start(target_env)
         try:
             deadline = time.monotonic() + timeout
             for i, draft in enumerate(self.draft_procs):

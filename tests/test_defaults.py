@@ -111,8 +111,8 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "maximum": d.CONVERGENCE_TIMEOUT_SECONDS_MAX,
     },
 }
-# Fields whose bounds are Kubernetes' or a model source's, not StarSD's defaults.
-FOREIGN = re.compile(r"(^|\.)(model|podTemplate|tolerations\[\]|policies\[\]\.value)(\.|$)|kvCacheTokens$")
+# Fields whose bounds are Kubernetes' (tolerations, label selectors) or a model source's, not StarSD's defaults.
+FOREIGN = re.compile(r"(^|\.)(model|podTemplate|tolerations\[\]|policies\[\]\.value|clients\[\])(\.|$)|kvCacheTokens$")
 CHECKED = ("default", "minimum", "maximum", "enum")
 
 

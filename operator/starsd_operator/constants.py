@@ -56,6 +56,7 @@ COND_TARGETS_READY: Final = "TargetsReady"
 COND_REBALANCING: Final = "Rebalancing"
 COND_STAR_CONNECTED: Final = "StarConnected"
 COND_ROLLOUT_PROGRESSING: Final = "RolloutProgressing"
+COND_AUTH_READY: Final = "AuthReady"  # the API key's Secret (spec.auth) is there for the target pods
 
 # The Event reason of every rebalancing decision that changes the target count.
 EVENT_REBALANCED: Final = "Rebalanced"

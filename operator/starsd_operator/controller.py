@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from . import (
+    apikey,
     children,
     churn,
     draft,
@@ -110,10 +111,12 @@ def reconcile(
         spec = parse(body.get("spec") or {})
         before = _existing(kube, owner)
         images = cluster_images(owner, spec, body, config, before)
+        key = apikey.observe(kube, owner, spec.auth)
         pods = kube.list("Pod", owner.namespace, naming.owned_selector(owner, c.COMPONENT_TARGET))
         sets = [obj for (kind, _), obj in before.items() if kind == "StatefulSet"]
-        plan = plan_rollouts(owner, spec, body, children.desired(owner, spec, images), sets, pods, now or time.time())
-        wanted = children.desired(owner, spec, images, {r.name: r.partition for r in plan})
+        first = children.desired(owner, spec, images, api_key=key)
+        plan = plan_rollouts(owner, spec, body, first, sets, pods, now or time.time())
+        wanted = children.desired(owner, spec, images, {r.name: r.partition for r in plan}, key)
         for obj in wanted:
             kube.apply(obj)
         events = change_events(before, wanted)
@@ -276,6 +279,7 @@ def _step_rollouts(
     spec: ClusterSpec,
     observed: status.Children,
     now: float,
+    api_key: apikey.KeyState | None = None,
 ) -> tuple[list[rollout.PoolRollout] | None, list[Event]]:
     """The pools' rollouts now, and the Events of their changes; when a partition should move (a pod came up
     on the new revision, a pool's turn came, a rollout halted), the StatefulSets are applied again. Nothing
@@ -285,7 +289,7 @@ def _step_rollouts(
     existing.update({("Deployment", str((o.get("metadata") or {}).get("name"))): o for o in observed.deployments})
     try:
         images = cluster_images(owner, spec, body, config, existing)
-        wanted = children.desired(owner, spec, images)
+        wanted = children.desired(owner, spec, images, api_key=api_key)
     except SpecError:
         return None, []
     plan = plan_rollouts(owner, spec, body, wanted, observed.statefulsets, observed.pods, now)
@@ -294,19 +298,28 @@ def _step_rollouts(
     current = (body.get("status") or {}).get("observedGeneration") == meta.get("generation")
     if not current or memory.reconcile_error is not None or meta.get("deletionTimestamp"):
         return plan, events
+    # A pool moves when its partition should, or when its template changed outside the spec (the API key's
+    # Secret, see .apikey): no handler runs for that, so the tick applies it.
+    hashes = {str(o["metadata"]["name"]): _template_hash(o) for o in wanted if o.get("kind") == "StatefulSet"}
     moved = [
         r.name
         for r in plan
-        if (sts := existing.get(("StatefulSet", naming.pool_name(owner, r.name)))) is not None
-        and _partition(sts) != r.partition
+        if (sts := existing.get(("StatefulSet", name := naming.pool_name(owner, r.name)))) is not None
+        and (_partition(sts) != r.partition or _template_hash(sts) != hashes.get(name))
     ]
     if moved:
-        log.info("%s/%s: moving the rollout partition of pools %s", owner.namespace, owner.name, ", ".join(moved))
+        log.info("%s/%s: moving the rollout of pools %s", owner.namespace, owner.name, ", ".join(moved))
         try:
             events += reconcile(kube, body, config, memory, now=now)
         except (SpecError, KubeError) as exc:
             log.warning("stepping the rollout of %s/%s failed: %s", owner.namespace, owner.name, exc)
     return plan, events
+
+
+def _template_hash(sts: Mapping[str, Any]) -> str | None:
+    """The hash of the pod template the operator last applied to a StatefulSet (see .rollout)."""
+    value = ((sts.get("metadata") or {}).get("annotations") or {}).get(rollout.ANNOTATION_TEMPLATE_HASH)
+    return None if value is None else str(value)
 
 
 def _partition(sts: Mapping[str, Any]) -> int:
@@ -374,9 +387,11 @@ def tick(
     observed = observe(kube, owner)
     events: list[Event] = []
     plan: list[rollout.PoolRollout] | None = None
+    key: apikey.KeyState | None = None
     if spec is not None:
+        key = apikey.observe(kube, owner, spec.auth)  # a changed key rolls the pools (see .apikey)
         observed, events = _repair(kube, body, config, memory, spec, observed, previous.get("observedGeneration"))
-        plan, stepped = _step_rollouts(kube, body, config, memory, spec, observed, now.timestamp())
+        plan, stepped = _step_rollouts(kube, body, config, memory, spec, observed, now.timestamp(), key)
         events += stepped
     error = memory.reconcile_error
     obs = status.Observation(
@@ -387,6 +402,7 @@ def tick(
         spec_error=spec_error,
         reconcile_error=error[1] if error and error[0] == generation else None,
         rollouts=plan,
+        api_key=key,
     )
     if spec is not None:
         obs, rebalanced = _rebalance(kube, body, memory, spec, obs, now=now, fetch=fetch, config=config)

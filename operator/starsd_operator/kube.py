@@ -44,6 +44,8 @@ class Kube(Protocol):
 
     def delete(self, kind: str, namespace: str, name: str) -> None: ...
 
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None: ...
+
     def swap_replicas(self, namespace: str, name: str, expected: int, new: int) -> bool: ...
 
     def swap_draft_replicas(self, namespace: str, name: str, expected: int, new: int) -> bool: ...
@@ -72,6 +74,8 @@ _KINDS = {
     "NetworkPolicy": _Kind("NetworkingV1Api", "network_policy"),
     "Pod": _Kind("CoreV1Api", "pod"),
     "PodDisruptionBudget": _Kind("PolicyV1Api", "pod_disruption_budget"),
+    # Read only: the Secret of spec.auth.apiKeySecretRef (its existence, and a digest of its key: .apikey).
+    "Secret": _Kind("CoreV1Api", "secret"),
     # Read only: an HPA on a cluster's scale subresource makes the rebalancer step aside.
     "HorizontalPodAutoscaler": _Kind("AutoscalingV2Api", "horizontal_pod_autoscaler"),
 }
@@ -118,6 +122,15 @@ class ApiServer:
         except KubeError as exc:
             if exc.status != 404:
                 raise
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """One object by name; None when it does not exist."""
+        try:
+            return _call(self._method(kind, "read"), name=name, namespace=namespace)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     def swap_replicas(self, namespace: str, name: str, expected: int, new: int) -> bool:
         """Set ``spec.targets.replicas`` to ``new`` if it still is ``expected``, in one atomic JSON patch;

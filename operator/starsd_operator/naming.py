@@ -52,6 +52,11 @@ def pool_name(owner: Owner, pool: str) -> str:
     return child_name(owner.name, c.COMPONENT_TARGET, pool, limit=STATEFULSET_NAME_LIMIT)
 
 
+def target_policy_name(owner: Owner) -> str:
+    """The targets' NetworkPolicy (every pool's pods)."""
+    return child_name(owner.name, c.COMPONENT_TARGET)
+
+
 def client_service_name(owner: Owner) -> str:
     """The Service clients call: every ready target of every pool, under the cluster's own name."""
     return owner.name

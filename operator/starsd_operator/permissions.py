@@ -1,8 +1,9 @@
 """Every API request the operator makes, as RBAC rules: what the chart grants, exactly (tests/chart checks
 that the chart's rules equal these, and e2e/ runs the whole suite under the chart's ServiceAccount).
 
-Each rule names where the code makes the request. Nothing is read with ``get``: children and pods are
-listed by label, the custom resource arrives through kopf's watch.
+Each rule names where the code makes the request. Children and pods are listed by label, the custom resource
+arrives through kopf's watch; the one ``get`` is of the Secret a cluster's ``spec.auth.apiKeySecretRef`` names
+(Secrets are never listed or watched).
 """
 
 from __future__ import annotations
@@ -62,6 +63,13 @@ PERMISSIONS: tuple[Permission, ...] = (
     ),
     _p("networking.k8s.io", "networkpolicies", "list create patch", "kube.apply; controller._existing"),
     _p("", "pods", "list", "controller.observe (readiness and the problems diagnose reports)"),
+    _p(
+        "",
+        "secrets",
+        "get",
+        "apikey.observe: the Secret of spec.auth.apiKeySecretRef, by name (is it there; a digest of its key "
+        "rolls the targets when it changes)",
+    ),
     _p("", "events", "create", "kopf.event (handlers.post) and kopf's own warnings"),
     _p("autoscaling", "horizontalpodautoscalers", "list", "controller.external_autoscaler"),
     _p(

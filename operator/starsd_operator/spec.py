@@ -7,6 +7,7 @@ and raises :class:`SpecError` with a field path for what would otherwise be a ``
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,6 +121,29 @@ class AutoscalingSpec:
 
 
 @dataclass(frozen=True)
+class SecretKeyRef:
+    """One key of a Secret in the cluster's namespace."""
+
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
+class AuthSpec:
+    """``spec.auth``: the keys the targets' OpenAI routes accept (see .apikey)."""
+
+    api_key_secret: SecretKeyRef | None = None  # None: the targets take calls without a key
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """``spec.network``: who may reach the targets' HTTP port (see .network)."""
+
+    # NetworkPolicy peers (namespaceSelector and/or podSelector), as given; None: the cluster's own namespace.
+    clients: tuple[dict[str, Any], ...] | None = None
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     draft: DraftSpec
     target: TargetSpec
@@ -127,6 +151,8 @@ class ClusterSpec:
     pools: tuple[PoolSpec, ...]
     autoscaling: AutoscalingSpec = field(default_factory=AutoscalingSpec)
     image_policy: str = defaults.IMAGE_POLICIES[0]  # Pinned | FollowOperator (see imagepolicy.py)
+    auth: AuthSpec = field(default_factory=AuthSpec)
+    network: NetworkSpec = field(default_factory=NetworkSpec)
 
 
 def parse(spec: Mapping[str, Any]) -> ClusterSpec:
@@ -175,7 +201,58 @@ def parse(spec: Mapping[str, Any]) -> ClusterSpec:
         pools=pools,
         autoscaling=autoscaling,
         image_policy=_choice(spec, "imagePolicy", "spec", defaults.IMAGE_POLICIES),
+        auth=_auth(spec.get("auth")),
+        network=_network(spec.get("network")),
     )
+
+
+def _auth(raw: Any) -> AuthSpec:
+    where = "spec.auth"
+    if raw is None:
+        return AuthSpec()
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{where} must be an object")
+    ref = raw.get("apiKeySecretRef")
+    if ref is None:
+        return AuthSpec()
+    at = f"{where}.apiKeySecretRef"
+    if not isinstance(ref, Mapping):
+        raise SpecError(f"{at} must be an object")
+    name, key = ref.get("name"), ref.get("key")
+    if not isinstance(name, str) or not name:
+        raise SpecError(f"{at}.name is required (the Secret holding the API keys)")
+    if not isinstance(key, str) or not key:
+        raise SpecError(f"{at}.key is required (the Secret's key holding the API keys)")
+    return AuthSpec(api_key_secret=SecretKeyRef(name=name, key=key))
+
+
+PEER_SELECTORS = ("namespaceSelector", "podSelector")
+
+
+def _network(raw: Any) -> NetworkSpec:
+    where = "spec.network"
+    if raw is None:
+        return NetworkSpec()
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{where} must be an object")
+    clients = raw.get("clients")
+    if clients is None:
+        return NetworkSpec()
+    if not isinstance(clients, list) or not clients:
+        raise SpecError(f"{where}.clients must list at least one client (leave it out for the cluster's namespace)")
+    peers = []
+    for i, peer in enumerate(clients):
+        at = f"{where}.clients[{i}]"
+        if not isinstance(peer, Mapping) or not peer:
+            raise SpecError(f"{at} must be an object with namespaceSelector and/or podSelector")
+        unknown = sorted(set(peer) - set(PEER_SELECTORS))
+        if unknown:
+            raise SpecError(f"{at}: unknown field {unknown[0]} (namespaceSelector and podSelector are allowed)")
+        for name, selector in peer.items():
+            if not isinstance(selector, Mapping):
+                raise SpecError(f"{at}.{name} must be a label selector (matchLabels, matchExpressions)")
+        peers.append({k: copy.deepcopy(dict(peer[k])) for k in PEER_SELECTORS if k in peer})
+    return NetworkSpec(clients=tuple(peers))
 
 
 def _draft_replicas(draft: Mapping[str, Any], autoscaling: AutoscalingSpec) -> int:

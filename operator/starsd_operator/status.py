@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from . import apikey, diagnose, naming, pools, rollout
 from . import constants as c
-from . import diagnose, naming, pools, rollout
 from .conditions import Condition, parse_timestamp, render, timestamp
 from .naming import Owner
 from .rebalancer import CONVERGENCE_TIMEOUT, EXTERNAL_AUTOSCALER, NOT_CONVERGED, Change, Decision, Load
@@ -54,6 +54,7 @@ class Observation:
     decision: Decision | None = None
     external_autoscaler: str | None = None  # the HPA that scales this cluster, if any
     rollouts: Sequence[rollout.PoolRollout] | None = None  # each pool's rollout (None: not decided)
+    api_key: apikey.KeyState | None = None  # the API key's Secret (None: not read)
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,9 @@ def build(obs: Observation, previous: Mapping[str, Any], now: datetime) -> dict[
     targets_cond = Condition(c.COND_TARGETS_READY, False, "InvalidSpec", obs.spec_error or "")
     star_cond = Condition(c.COND_STAR_CONNECTED, False, "InvalidSpec", obs.spec_error or "")
     rollout_cond = Condition(c.COND_ROLLOUT_PROGRESSING, False, "InvalidSpec", obs.spec_error or "", unknown=True)
+    auth_cond = Condition(c.COND_AUTH_READY, False, "InvalidSpec", obs.spec_error or "")
+    if obs.spec is not None:
+        auth_cond = apikey.condition(obs.api_key, owner.namespace)
     if obs.rollouts is not None:
         rollout_cond = rollout.condition(obs.rollouts)
     elif obs.spec is not None:
@@ -105,12 +109,13 @@ def build(obs: Observation, previous: Mapping[str, Any], now: datetime) -> dict[
     if obs.decision is not None and obs.decision.changed:
         out["lastRebalance"] = rebalance_record(obs.decision, now)
     wanted = [
-        _ready(obs, previous, draft_cond, targets_cond, star_cond),
+        _ready(obs, previous, draft_cond, targets_cond, star_cond, auth_cond),
         draft_cond,
         targets_cond,
         star_cond,
         _rebalancing(obs, out.get("lastRebalance")),
         rollout_cond,
+        auth_cond,
     ]
     generation = obs.generation if obs.spec is not None else None
     out["conditions"] = render(wanted, previous.get("conditions"), generation=generation, now=now)
@@ -259,7 +264,12 @@ def _star(obs: Observation, ready: int) -> Condition:
 
 
 def _ready(
-    obs: Observation, previous: Mapping[str, Any], draft: Condition, targets: Condition, star: Condition
+    obs: Observation,
+    previous: Mapping[str, Any],
+    draft: Condition,
+    targets: Condition,
+    star: Condition,
+    auth: Condition | None = None,
 ) -> Condition:
     if obs.spec_error is not None:
         return Condition(c.COND_READY, False, "InvalidSpec", obs.spec_error)
@@ -267,6 +277,8 @@ def _ready(
         return Condition(c.COND_READY, False, "ReconcileFailed", obs.reconcile_error)
     if previous.get("observedGeneration") != obs.generation:
         return Condition(c.COND_READY, False, "Reconciling", f"applying generation {obs.generation}")
+    if auth is not None and not auth.ok and not auth.unknown:  # the target pods cannot start
+        return Condition(c.COND_READY, False, auth.reason, f"auth: {auth.message}")
     if not draft.ok:
         return Condition(c.COND_READY, False, draft.reason, f"draft: {draft.message}")
     if not targets.ok:

@@ -4,18 +4,27 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import apikey, naming, podspec, podtemplate, rollout
 from . import constants as c
-from . import naming, podspec, podtemplate, rollout
 from .naming import Owner
 from .spec import ClusterSpec, PoolSpec
 
 
 def statefulset(
-    owner: Owner, spec: ClusterSpec, pool: PoolSpec, replicas: int, images: podspec.Images, partition: int = 0
+    owner: Owner,
+    spec: ClusterSpec,
+    pool: PoolSpec,
+    replicas: int,
+    images: podspec.Images,
+    partition: int = 0,
+    *,
+    api_key: apikey.KeyState | None = None,
 ) -> dict[str, Any]:
     """The pool's targets; ``replicas`` is the pool's share of the total (see :mod:`.pools`), ``partition`` the
     lowest ordinal that runs this template (see :mod:`.rollout`). The template's hash is kept in an annotation,
-    so the next change knows which pools it changes before the StatefulSet controller has seen it."""
+    so the next change knows which pools it changes before the StatefulSet controller has seen it. With
+    ``spec.auth``, the container takes its API key from the Secret and the template carries the key's digest
+    from ``api_key`` (see :mod:`.apikey`)."""
     target = spec.target
     model = pool.model or target.model  # a pool may run its own copy (another quantisation, say)
     name = naming.pool_name(owner, pool.name)
@@ -53,13 +62,16 @@ def statefulset(
         probe_port="http",
         model=model,
         resources=pool.placement.resources,
-        extra_env=[{"name": "STARSD_POOL", "value": pool.name}],
+        extra_env=[{"name": "STARSD_POOL", "value": pool.name}, *apikey.env(spec.auth)],
         lc=target.lifecycle,
         drain=True,
     )
     template = podtemplate.merge(
         {
-            "metadata": {"labels": naming.labels(owner, c.COMPONENT_TARGET, pool.name)},
+            "metadata": {
+                "labels": naming.labels(owner, c.COMPONENT_TARGET, pool.name),
+                **({"annotations": notes} if (notes := apikey.template_annotations(api_key)) else {}),
+            },
             "spec": podspec.pod_spec(
                 container_spec=container, model=model, placement=pool.placement, lc=target.lifecycle
             ),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -81,3 +82,38 @@ def placement_error(args: argparse.Namespace) -> str | None:
     except ValueError as exc:
         return str(exc)
     return None
+
+
+def add_api_key_args(parser: argparse.ArgumentParser) -> None:
+    """``--api-key`` and ``--api-key-file`` (with ``$STARSD_API_KEY``: see starsd.verifier.auth)."""
+    from starsd.verifier.auth import ENV_API_KEY
+
+    parser.add_argument(
+        "--api-key",
+        action="append",
+        metavar="KEY",
+        help="a key clients must send as 'Authorization: Bearer KEY' on every route but /health, /healthz, "
+        "/readyz, /metrics and /version (repeat it for several; a key on the command line shows in the "
+        f"process list, so prefer --api-key-file or ${ENV_API_KEY}); without any key every route is open",
+    )
+    parser.add_argument(
+        "--api-key-file",
+        action="append",
+        type=Path,
+        metavar="FILE",
+        help="a file of accepted keys, one per line ('#' starts a comment); may be repeated",
+    )
+
+
+def api_keys_or_error(args: argparse.Namespace) -> list[str] | str:
+    """The keys of ``--api-key``, ``--api-key-file`` and ``$STARSD_API_KEY``, or the complaint about them
+    (which never shows a key). The flags' values are dropped from ``args`` once read."""
+    from starsd.verifier.auth import ApiKeyError, load_keys
+
+    try:
+        keys = load_keys(args.api_key, args.api_key_file, os.environ)
+    except ApiKeyError as exc:
+        return str(exc)
+    finally:
+        args.api_key = None  # the keys live on only as the server's digests
+    return keys

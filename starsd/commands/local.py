@@ -7,7 +7,15 @@ import signal
 import threading
 from pathlib import Path
 
-from starsd.commands._common import add_gamma_arg, add_placement_args, fail, gamma_error, placement_error
+from starsd.commands._common import (
+    add_api_key_args,
+    add_gamma_arg,
+    add_placement_args,
+    api_keys_or_error,
+    fail,
+    gamma_error,
+    placement_error,
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +31,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target-model", type=Path, help="target checkpoint (default: the shipped models/target)")
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
     parser.add_argument("--log-dir", type=Path, help="where the processes' logs go (default: a temporary folder)")
+    add_api_key_args(parser)
     add_placement_args(parser)
 
 
@@ -37,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
         return fail(problem)
     if (problem := placement_error(args)) is not None:
         return fail(problem)
+    keys = api_keys_or_error(args)
+    if isinstance(keys, str):
+        return fail(keys)
     star = LocalStar(
         draft_model=args.draft_model,
         target_model=args.target_model,
@@ -47,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         log_dir=args.log_dir,
         device=args.device,
         dtype=args.dtype,
+        api_keys=tuple(keys),
     )
     drafts = "1 draft" if args.drafts == 1 else f"{args.drafts} drafts"
     print(f"starting {drafts} and {args.targets} targets (logs in {star.log_dir}) ...", flush=True)
@@ -61,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"draft-{i}  grpc://{address}   load: {load}")
     for i, url in enumerate(star.urls):
         print(f"target-{i} {url}/v1/completions")
+    if keys:
+        print(f"the targets need 'Authorization: Bearer KEY' with one of the {len(keys)} API key(s) given")
     print("Ctrl-C stops them all.", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

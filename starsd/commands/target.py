@@ -11,7 +11,15 @@ from pathlib import Path
 
 from starsd import defaults
 from starsd.assignment import ordered_drafts
-from starsd.commands._common import add_gamma_arg, add_placement_args, fail, gamma_error, placement_error
+from starsd.commands._common import (
+    add_api_key_args,
+    add_gamma_arg,
+    add_placement_args,
+    api_keys_or_error,
+    fail,
+    gamma_error,
+    placement_error,
+)
 from starsd.verifier.draft_pool import PROBE_SECONDS, DraftListError, parse_draft_addresses
 
 log = logging.getLogger("starsd.target")  # the `starsd target` command's own log
@@ -123,6 +131,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="a Jinja chat template file for /v1/chat/completions (default: the checkpoint's own)",
     )
+    add_api_key_args(parser)
     add_placement_args(parser)
 
 
@@ -147,6 +156,10 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"--draft-probe-interval must be > 0, got {args.draft_probe_interval}")
     if args.draft_tls_ca is not None and not args.draft_tls_ca.is_file():
         return fail(f"--draft-tls-ca {args.draft_tls_ca}: no such file (a PEM CA bundle)")
+    keys = api_keys_or_error(args)
+    if isinstance(keys, str):
+        return fail(keys)
+    args.api_keys = keys
     from starsd.verifier.chat import load_chat_template
 
     try:
@@ -169,6 +182,7 @@ async def _serve(args: argparse.Namespace, loaded: object) -> int:
     from aiohttp import web
 
     from starsd.checkpoints import LoadedModel
+    from starsd.verifier.auth import KeyRing
     from starsd.verifier.draft_client import (
         DraftClient,
         DraftClientOptions,
@@ -222,6 +236,7 @@ async def _serve(args: argparse.Namespace, loaded: object) -> int:
             max_body_bytes=args.max_body_bytes,
             max_tokens_cap=args.max_tokens_cap,
             chat_template=args.chat_template_text,
+            api_keys=KeyRing(args.api_keys),
         ),
     )
     runner = app.runner(shutdown_timeout=30.0)
@@ -230,7 +245,7 @@ async def _serve(args: argparse.Namespace, loaded: object) -> int:
     await site.start()
     log.info(
         "target %r serving model %r on %s on http://%s:%d (draft %s, gamma %d, up to %d sessions per step, "
-        "key/value budget %d tokens)",
+        "key/value budget %d tokens; %s)",
         args.id,
         app.options.served_model,
         loaded.placement.describe(),
@@ -240,6 +255,7 @@ async def _serve(args: argparse.Namespace, loaded: object) -> int:
         args.gamma,
         args.max_num_seqs,
         engine.budget.kv_tokens,
+        _key_note(len(app.options.api_keys)),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -252,3 +268,10 @@ async def _serve(args: argparse.Namespace, loaded: object) -> int:
         await client.stop()
     engine.close()
     return 0
+
+
+def _key_note(count: int) -> str:
+    """How the start-up line describes the keys: how many, never which."""
+    if count == 0:
+        return "no API key: every route is open"
+    return f"every route but the probes, /metrics and /version needs one of {count} API key{'s' if count > 1 else ''}"

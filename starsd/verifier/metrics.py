@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from starsd.verifier.auth import REASONS as UNAUTHORIZED_REASONS
 from starsd.verifier.draft_pool import Reason
 
 # vLLM's buckets for its request latency histograms (seconds).
@@ -63,6 +64,14 @@ class TargetMetrics:
         r = self.registry
         self.vllm = VllmMetrics(r)
         self.requests = Counter("starsd_target_requests", "Completions by outcome", ["status"], registry=r)
+        self.unauthorized = Counter(
+            "starsd_target_unauthorized_requests",
+            "Requests refused 401 for want of an accepted API key (reason: missing, invalid)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in UNAUTHORIZED_REASONS:  # both series exist from the start, at 0
+            self.unauthorized.labels(reason=reason)
         self.draft_tokens = Counter(
             "starsd_spec_decode_num_draft_tokens", "Draft tokens verified by this target", registry=r
         )

@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from starsd import __version__, defaults
 from starsd.sampling import SamplingParams
-from starsd.verifier import drain
+from starsd.verifier import auth, drain
 from starsd.verifier.api import (
     CompletionRequest,
     GenerationRequest,
@@ -47,6 +47,8 @@ class TargetServerOptions:
     max_body_bytes: int = defaults.MAX_BODY_BYTES
     max_tokens_cap: int = defaults.MAX_TOKENS_CAP
     chat_template: str | None = None  # overrides the checkpoint's (``--chat-template FILE``)
+    # The accepted API keys (digests only); empty: every route is open (see starsd.verifier.auth).
+    api_keys: auth.KeyRing = field(default_factory=auth.KeyRing)
 
 
 def internal_error(exc: BaseException) -> RequestError:
@@ -93,6 +95,8 @@ class TargetApp:
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics)
         drain.install(app)  # GET /drain: the pod's preStop hook (readiness fails, in-flight completions finish)
+        if self.options.api_keys:  # first: a caller without a key learns nothing else (not even draining)
+            app.middlewares.insert(0, auth.middleware(self.options.api_keys, self.engine.metrics.unauthorized))
         return app
 
     @web.middleware

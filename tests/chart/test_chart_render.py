@@ -15,6 +15,7 @@ VALUES_CASES = {
     "sample": ("sample.yaml",),
     "servicemonitor": ("servicemonitor.yaml",),
     "custom-pools": ("custom-pools.yaml",),
+    "auth": ("auth.yaml",),
 }
 RECOMMENDED_LABELS = {
     "app.kubernetes.io/name",
@@ -225,6 +226,41 @@ def test_test_pod_sends_a_completion_to_the_client_service(render: Render) -> No
     assert "/v1/completions" in container["args"][1] and "urlopen" in container["args"][0]
 
 
+def test_the_sample_asks_for_a_key_and_the_test_pod_sends_it_from_the_secret(render: Render) -> None:
+    docs = render("auth.yaml")
+    spec = docs.one("StarSDCluster")["spec"]
+    assert spec["auth"] == {"apiKeySecretRef": {"name": "chat-keys", "key": "api-key"}}
+    pod = docs.one("Pod")
+    (container,) = pod["spec"]["containers"]
+    assert container["env"] == [
+        {"name": "STARSD_API_KEY", "valueFrom": {"secretKeyRef": {"name": "chat-keys", "key": "api-key"}}}
+    ]
+    assert "Authorization" in container["args"][0]
+    # The listed clients, and the test pod itself, may reach the targets.
+    test_peer = {"podSelector": {"matchLabels": {k: pod["metadata"]["labels"][k] for k in TEST_POD_KEYS}}}
+    assert spec["network"]["clients"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}},
+        {"podSelector": {"matchLabels": {"app": "gateway"}}},
+        test_peer,
+    ]
+
+
+TEST_POD_KEYS = ("app.kubernetes.io/instance", "app.kubernetes.io/component")
+
+
+def test_without_auth_the_sample_asks_no_key_and_lets_its_namespace_in(render: Render) -> None:
+    docs = render("sample.yaml")
+    spec = docs.one("StarSDCluster")["spec"]
+    assert "auth" not in spec and "network" not in spec
+    assert "env" not in docs.one("Pod")["spec"]["containers"][0]
+
+
+def test_tests_url_takes_its_own_key_secret(render: Render) -> None:
+    sets = ("tests.url=http://elsewhere:8000/v1/completions", "tests.apiKeySecretRef.name=other-keys")
+    (container,) = render(sets=sets).one("Pod")["spec"]["containers"]
+    assert container["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "other-keys", "key": "api-key"}
+
+
 def test_service_monitors_scrape_each_draft_and_target_pod_once(render: Render) -> None:
     docs = render("servicemonitor.yaml")
     draft = docs.one("ServiceMonitor", "-draft")
@@ -276,8 +312,11 @@ def test_every_kind_the_operator_touches_is_in_its_permissions() -> None:
         "Pod": ("", "pods"),
         "HorizontalPodAutoscaler": ("autoscaling", "horizontalpodautoscalers"),
         "PodDisruptionBudget": ("policy", "poddisruptionbudgets"),
+        "Secret": ("", "secrets"),
     }
     granted = permissions.rules(clusterwide=False)
     assert set(kube._KINDS) == set(plural)
     for kind in kube._KINDS:
-        assert "list" in granted[plural[kind]], kind
+        # Secrets are read one by name (spec.auth), never listed; everything else is listed by label.
+        assert ("get" if kind == "Secret" else "list") in granted[plural[kind]], kind
+    assert granted[plural["Secret"]] == {"get"}

@@ -20,6 +20,8 @@ class FakeKube:
         self.fail_apply: KubeError | None = None
         self.fail_list: KubeError | None = None
         self.fail_delete: KubeError | None = None
+        self.fail_get: KubeError | None = None
+        self.got: list[tuple[str, str]] = []  # (kind, name) of every get
 
     def put(self, obj: Mapping[str, Any]) -> None:
         meta = obj["metadata"]
@@ -44,6 +46,13 @@ class FakeKube:
             for (k, ns, _), o in sorted(self.objects.items())
             if k == kind and ns == namespace and wanted.items() <= (o["metadata"].get("labels") or {}).items()
         ]
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        if self.fail_get is not None:
+            raise self.fail_get
+        self.got.append((kind, name))
+        obj = self.objects.get((kind, namespace, name))
+        return copy.deepcopy(obj) if obj is not None else None
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
         if self.fail_delete is not None:

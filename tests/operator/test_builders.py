@@ -87,6 +87,7 @@ def test_the_children_of_a_two_pool_cluster() -> None:
         ("NetworkPolicy", "chat-draft"),
         ("StatefulSet", "chat-draft"),
         ("Service", "chat"),
+        ("NetworkPolicy", "chat-target"),
         ("PodDisruptionBudget", "chat-draft"),
         ("Service", "chat-target-h100"),
         ("StatefulSet", "chat-target-h100"),

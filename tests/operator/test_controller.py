@@ -67,6 +67,7 @@ def test_reconcile_applies_every_child() -> None:
         ("NetworkPolicy", "chat-draft"),
         ("StatefulSet", "chat-draft"),
         ("Service", "chat"),
+        ("NetworkPolicy", "chat-target"),
         ("PodDisruptionBudget", "chat-draft"),
         ("Service", "chat-target-h100"),
         ("StatefulSet", "chat-target-h100"),
@@ -117,7 +118,7 @@ def test_reconcile_posts_a_normal_event_per_created_child_and_none_when_nothing_
     kube, memory = FakeKube(), Memory()
     events = controller.reconcile(kube, f.body(), CONFIG, memory)
     assert reasons(events) == [("Normal", c.EVENT_CREATED, f"created {k} {n}") for k, n in kube.applied]
-    assert len(events) == 12
+    assert len(events) == 13
     assert controller.reconcile(kube, f.body(), CONFIG, memory) == []
 
 

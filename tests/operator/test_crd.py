@@ -261,6 +261,7 @@ def test_the_status_the_operator_writes_fits_the_schema(schema: dict[str, Any]) 
         c.COND_STAR_CONNECTED,
         c.COND_REBALANCING,
         c.COND_ROLLOUT_PROGRESSING,
+        c.COND_AUTH_READY,
     }
     assert built["targets"]["pools"][0]["rollout"]["state"] == rollout.HALTED
 
