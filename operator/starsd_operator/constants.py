@@ -64,6 +64,8 @@ EVENT_REBALANCED: Final = "Rebalanced"
 EVENT_CREATED: Final = "Created"
 EVENT_SCALED: Final = "Scaled"
 EVENT_DELETED: Final = "Deleted"
+# A child that was missing, or whose operator-owned fields someone changed, applied again (controller.repair).
+EVENT_REPAIRED: Final = "Repaired"
 # Warning Events, each posted once while its cause lasts.
 EVENT_LOAD_URL_IGNORED: Final = "LoadURLIgnored"
 # A pool's rollout changing state (rollout.py): rolling, held behind an earlier pool, halted, done.

@@ -19,6 +19,7 @@ from . import (
     children,
     churn,
     draft,
+    drift,
     draftcount,
     imagepolicy,
     loadclient,
@@ -61,6 +62,21 @@ class CountTrack:
 
 
 @dataclass
+class Applied:
+    """What the operator last applied to one child, and what the API server made of it."""
+
+    resource_version: str | None  # of the object the apply returned
+    at: float  # when (seconds)
+    desired: str  # hash of the desired object applied
+    kept: tuple[str, ...] = ()  # differences an apply did not change (values the API server normalises)
+
+
+# A child applied this recently and not yet in the watched state, or watched at an older version, is not
+# missing or drifted: the watch has not caught up with the operator's own write.
+WATCH_GRACE_SECONDS = 3.0
+
+
+@dataclass
 class Memory:
     """What the operator remembers of one cluster between ticks (lost on restart, by design: the
     rebalancer then waits for a fresh window before it acts)."""
@@ -73,6 +89,7 @@ class Memory:
     # The last tick's draft readings and draft decision, for status.drafts (draftcount.status).
     draft_readings: loadclient.DraftReadings | None = None
     draft_decision: Decision | None = None
+    applied: dict[tuple[str, str], Applied] = field(default_factory=dict)  # by (kind, name): see repair
 
 
 @dataclass(frozen=True)
@@ -114,8 +131,9 @@ def reconcile(
         sets = [obj for (kind, _), obj in before.items() if kind == "StatefulSet"]
         plan = plan_rollouts(owner, spec, body, children.desired(owner, spec, images), sets, pods, now or time.time())
         wanted = children.desired(owner, spec, images, {r.name: r.partition for r in plan})
+        at = time.time() if now is None else now
         for obj in wanted:
-            kube.apply(obj)
+            apply(kube, memory, obj, at)
         events = change_events(before, wanted)
         events += _delete_stale(kube, owner, wanted)
         events += _replace_legacy_draft(kube, owner, before)
@@ -269,17 +287,14 @@ def previous_rollouts(body: Mapping[str, Any]) -> dict[str, str | None]:
 
 
 def _step_rollouts(
-    kube: Kube,
     body: Mapping[str, Any],
     config: Config,
-    memory: Memory,
     spec: ClusterSpec,
     observed: status.Children,
     now: float,
 ) -> tuple[list[rollout.PoolRollout] | None, list[Event]]:
-    """The pools' rollouts now, and the Events of their changes; when a partition should move (a pod came up
-    on the new revision, a pool's turn came, a rollout halted), the StatefulSets are applied again. Nothing
-    is applied while a reconcile of this generation is pending or has failed (the handler owns those)."""
+    """The pools' rollouts now, and the Events of their changes. A partition that should move (a pod came up
+    on the new revision, a pool's turn came, a rollout halted) is applied by :func:`repair`."""
     owner = owner_of(body)
     existing = {("StatefulSet", str((o.get("metadata") or {}).get("name"))): o for o in observed.statefulsets}
     existing.update({("Deployment", str((o.get("metadata") or {}).get("name"))): o for o in observed.deployments})
@@ -290,28 +305,99 @@ def _step_rollouts(
         return None, []
     plan = plan_rollouts(owner, spec, body, wanted, observed.statefulsets, observed.pods, now)
     events = [Event(t.type, t.reason, t.message) for t in rollout.transitions(previous_rollouts(body), plan)]
-    meta = body["metadata"]
-    current = (body.get("status") or {}).get("observedGeneration") == meta.get("generation")
-    if not current or memory.reconcile_error is not None or meta.get("deletionTimestamp"):
-        return plan, events
-    moved = [
-        r.name
-        for r in plan
-        if (sts := existing.get(("StatefulSet", naming.pool_name(owner, r.name)))) is not None
-        and _partition(sts) != r.partition
-    ]
-    if moved:
-        log.info("%s/%s: moving the rollout partition of pools %s", owner.namespace, owner.name, ", ".join(moved))
-        try:
-            events += reconcile(kube, body, config, memory, now=now)
-        except (SpecError, KubeError) as exc:
-            log.warning("stepping the rollout of %s/%s failed: %s", owner.namespace, owner.name, exc)
     return plan, events
 
 
-def _partition(sts: Mapping[str, Any]) -> int:
-    strategy = (sts.get("spec") or {}).get("updateStrategy") or {}
-    return int((strategy.get("rollingUpdate") or {}).get("partition") or 0)
+def apply(kube: Kube, memory: Memory, obj: Mapping[str, Any], at: float) -> dict[str, Any]:
+    """Server-side apply ``obj`` and remember what came back (see :func:`repair`)."""
+    result = kube.apply(obj) or {}
+    key = (str(obj["kind"]), str(obj["metadata"]["name"]))
+    memory.applied[key] = Applied(_version(result), at, _digest(obj))
+    return result
+
+
+def _version(obj: Mapping[str, Any] | None) -> str | None:
+    value = ((obj or {}).get("metadata") or {}).get("resourceVersion")
+    return str(value) if value else None
+
+
+def _digest(obj: Mapping[str, Any]) -> str:
+    return rollout.template_hash(obj)
+
+
+PARTITION = "spec.updateStrategy.rollingUpdate.partition"
+
+
+def repair(
+    kube: Kube,
+    body: Mapping[str, Any],
+    config: Config,
+    memory: Memory,
+    spec: ClusterSpec,
+    observed: status.Children,
+    plan: Sequence[rollout.PoolRollout] | None,
+    now: float,
+) -> list[Event]:
+    """Compare every child with its desired state and apply again each one that is missing or whose
+    operator-owned fields differ (:mod:`.drift`); one ``Repaired`` Event names each and what drifted. A pool's
+    rollout partition that ``plan`` moves is applied too, without an Event (it is a rollout step).
+
+    Nothing is applied while a reconcile of this generation is pending or has failed (the handler owns
+    those), nor while the cluster is being deleted (its children are being collected)."""
+    meta = body["metadata"]
+    current = (body.get("status") or {}).get("observedGeneration") == meta.get("generation")
+    if not current or memory.reconcile_error is not None or meta.get("deletionTimestamp"):
+        return []
+    owner = owner_of(body)
+    existing = _existing(kube, owner)
+    try:
+        images = cluster_images(owner, spec, body, config, existing)
+        wanted = children.desired(owner, spec, images, {r.name: r.partition for r in plan or ()})
+    except SpecError:
+        return []
+    events: list[Event] = []
+    for obj in wanted:
+        key = (str(obj["kind"]), str(obj["metadata"]["name"]))
+        what = f"{key[0]} {key[1]}"
+        live, last = existing.get(key), memory.applied.get(key)
+        recent = last is not None and 0 <= now - last.at < WATCH_GRACE_SECONDS
+        if live is None:
+            if not recent:
+                log.info("%s/%s: %s is missing; applying it again", owner.namespace, owner.name, what)
+                apply(kube, memory, obj, now)
+                events.append(Event("Normal", c.EVENT_REPAIRED, f"{what} was missing"))
+            continue
+        digest, version = _digest(obj), _version(live)
+        caught_up = last is not None and version is not None and version == last.resource_version
+        if caught_up and last is not None and last.desired == digest:
+            continue  # exactly what the operator's own apply left
+        if recent and not caught_up:
+            continue  # the watch may not have seen the operator's own write yet
+        diffs = drift.differences(obj, live)
+        if not diffs or (last is not None and last.desired == digest and tuple(diffs) == last.kept):
+            continue
+        result = apply(kube, memory, obj, now)
+        if set(diffs) == {PARTITION}:
+            log.info("%s/%s: moving the rollout partition of %s", owner.namespace, owner.name, what)
+            continue
+        if version is not None and _version(result) == version:  # the apply changed nothing: normalised values
+            memory.applied[key] = replace(memory.applied[key], kept=tuple(diffs))
+            continue
+        log.info("%s/%s: %s drifted (%s); applied it again", owner.namespace, owner.name, what, ", ".join(diffs))
+        events.append(Event("Normal", c.EVENT_REPAIRED, f"{what} drifted: {', '.join(diffs)}"))
+    return events + _replace_legacy_draft(kube, owner, existing)
+
+
+def converge(kube: Kube, body: Mapping[str, Any], config: Config, memory: Memory, *, now: float) -> list[Event]:
+    """The children's half of a tick, run when a watched child changes: :func:`repair` from the watched
+    state, without reading the load or writing the status. Returns the Events of the repairs."""
+    try:
+        spec = parse(body.get("spec") or {})
+    except SpecError:
+        return []
+    observed = observe(kube, owner_of(body))
+    plan, _ = _step_rollouts(body, config, spec, observed, now)
+    return repair(kube, body, config, memory, spec, observed, plan, now)
 
 
 def observe(kube: Kube, owner: Owner) -> status.Children:
@@ -375,9 +461,8 @@ def tick(
     events: list[Event] = []
     plan: list[rollout.PoolRollout] | None = None
     if spec is not None:
-        observed, events = _repair(kube, body, config, memory, spec, observed, previous.get("observedGeneration"))
-        plan, stepped = _step_rollouts(kube, body, config, memory, spec, observed, now.timestamp())
-        events += stepped
+        plan, events = _step_rollouts(body, config, spec, observed, now.timestamp())
+        events += repair(kube, body, config, memory, spec, observed, plan, now.timestamp())
     error = memory.reconcile_error
     obs = status.Observation(
         owner=owner,
@@ -400,36 +485,6 @@ def tick(
         return TickResult(status_patch={}, events=events)
     memory.last_status_write = now.timestamp()
     return TickResult(status_patch=patch, events=events)
-
-
-def _repair(
-    kube: Kube,
-    body: Mapping[str, Any],
-    config: Config,
-    memory: Memory,
-    spec: ClusterSpec,
-    observed: status.Children,
-    observed_generation: Any,
-) -> tuple[status.Children, list[Event]]:
-    """Re-apply when a workload was deleted behind the operator's back (not while a reconcile of this
-    generation is pending or has failed: the handler owns those); returns the Events of the repair."""
-    owner = owner_of(body)
-    generation = body["metadata"].get("generation")
-    if observed_generation != generation or memory.reconcile_error is not None:
-        return observed, []
-    if body["metadata"].get("deletionTimestamp"):  # going away: its children are being collected
-        return observed, []
-    names = [naming.draft_statefulset_name(owner)] + [naming.pool_name(owner, p.name) for p in spec.pools]
-    present = {(o.get("metadata") or {}).get("name") for o in observed.statefulsets}
-    if all(n in present for n in names):
-        return observed, []
-    log.info("children of %s/%s are missing; applying them again", owner.namespace, owner.name)
-    try:
-        events = reconcile(kube, body, config, memory)
-    except (SpecError, KubeError) as exc:
-        log.warning("repairing %s/%s failed: %s", owner.namespace, owner.name, exc)
-        return observed, []
-    return observe(kube, owner), events
 
 
 def external_autoscaler(kube: Kube, owner: Owner) -> str | None:

@@ -38,7 +38,7 @@ class KubeError(RuntimeError):
 class Kube(Protocol):
     """What the controller needs from the API server (a fake implements it in the tests)."""
 
-    def apply(self, obj: Mapping[str, Any]) -> None: ...
+    def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]: ...
 
     def list(self, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]: ...
 
@@ -94,10 +94,11 @@ class ApiServer:
         method: Callable[..., Any] = getattr(api, f"{verb}_namespaced_{spec.snake}")
         return method
 
-    def apply(self, obj: Mapping[str, Any]) -> None:
+    def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """The object as the API server keeps it after the apply."""
         meta = obj["metadata"]
         patch = self._method(obj["kind"], "patch")
-        _call(
+        return _call(
             patch,
             name=meta["name"],
             namespace=meta["namespace"],
