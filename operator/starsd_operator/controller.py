@@ -103,6 +103,7 @@ class Event:
 class TickResult:
     status_patch: dict[str, Any]
     events: list[Event] = field(default_factory=list)
+    decision_reason: str | None = None  # the rebalancer's, when it decided (metrics)
 
 
 def owner_of(body: Mapping[str, Any]) -> Owner:
@@ -481,10 +482,11 @@ def tick(
         drafts = draftcount.status(memory.draft_readings, memory.draft_decision, previous, now)["drafts"]
         new["drafts"] = {**(new.get("drafts") or {}), **drafts}
     patch = status.merge_patch(previous, new)
+    reason = obs.decision.reason if obs.decision is not None else None
     if not patch or not churn.should_write(previous, new, memory.last_status_write, now.timestamp()):
-        return TickResult(status_patch={}, events=events)
+        return TickResult(status_patch={}, events=events, decision_reason=reason)
     memory.last_status_write = now.timestamp()
-    return TickResult(status_patch=patch, events=events)
+    return TickResult(status_patch=patch, events=events, decision_reason=reason)
 
 
 def external_autoscaler(kube: Kube, owner: Owner) -> str | None:
