@@ -432,6 +432,7 @@ def policy(spec: ClusterSpec) -> rebalancer.Policy:
         scale_in_occupancy=a.scale_in_occupancy,
         saturated_occupancy=a.saturated_occupancy,
         tolerance=a.tolerance,
+        scale_in_while_waiting=a.scale_in_while_waiting,
         up=_direction(a.scale_up),
         down=_direction(a.scale_down),
         convergence_timeout_seconds=float(a.convergence_timeout_seconds),
