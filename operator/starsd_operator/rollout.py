@@ -11,11 +11,11 @@ partition run the new template, the others keep theirs):
   pod that is recreated or added comes back at the old revision) but no pod is replaced until every earlier
   pool has **settled** (the StatefulSet's ``currentRevision == updateRevision``, every pod available);
 * a rolling pool whose updated pod fails (crash loop, image pull, configuration, or not ready for
-  ``progressDeadlineSeconds``) is **halted**; an updated pod that cannot be scheduled yet is *waiting* (the
-  cluster autoscaler may be adding a node) and halts the pool only once the deadline passes: its partition goes back up to ``replicas`` (no further pod,
-  no recreated or added pod, gets the failing revision), later pools stay held, and the status says which
-  pod, on which revision, and why. A new template (the fix) rolls again from the top; so does the failing
-  pod recovering.
+  ``progressDeadlineSeconds``) is **halted**: its partition goes back up to ``replicas`` (no further pod, no
+  recreated or added pod, gets the failing revision), later pools stay held, and the status says which pod,
+  on which revision, and why. A new template (the fix) rolls again from the top; so does the failing pod
+  recovering. An updated pod that cannot be scheduled yet is *waiting* (the cluster autoscaler may be adding
+  a node): it halts the pool only once the deadline passes.
 
 Whether a pool's change is pending is read from an annotation holding the hash of the template the operator
 last applied (so the decision is right in the very request that applies a new template) and from the
