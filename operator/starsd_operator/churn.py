@@ -1,9 +1,11 @@
 """When a status change is worth a write: the status is written on a real change only.
 
-A real change is a condition's status or reason (the rebalancer's holding reasons count as one), a count, the regime, a readiness, the last rebalance, or the
-draft's utilisation moving by more than :data:`UTILIZATION_STEP`. Everything else that moves every tick (the
-utilisation's small jitter, queue and demand figures, N*, the wording of a message) is refreshed at most
-once per :data:`REFRESH_SECONDS`, so an idle cluster costs the API server about one PATCH a minute.
+A real change is a condition's status or reason (the rebalancer's holding reasons count as one), a count,
+the regime, a readiness, the last rebalance, or the draft's utilisation moving by more than
+:data:`UTILIZATION_STEP`. Everything else that moves every tick (the utilisation's small jitter, queue and
+demand figures, N*, the wording of a message, which holding reason) is refreshed at most once per
+:data:`REFRESH_SECONDS`, so an idle cluster, or one whose load hovers at a threshold, costs the API server
+about one PATCH a minute.
 """
 
 from __future__ import annotations
