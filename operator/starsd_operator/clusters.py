@@ -14,8 +14,11 @@ cluster), so a deleted Service comes back within a second or two rather than at 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -25,6 +28,10 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (namespace, name)
 T = TypeVar("T")
+
+# Worker threads for the passes: they wait on the API server and the drafts' /v1/load (up to its timeout), so a
+# few slow clusters must not hold up a handler of another (asyncio's default pool has cores + 4 threads).
+WORKERS = 32
 
 # A burst of watch events (an apply touches several children) makes one repair pass, this long after the first.
 POKE_DELAY = 0.2
@@ -66,6 +73,7 @@ class Clusters:
     def __init__(self) -> None:
         self._entries: dict[Key, _Entry] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="starsd-pass")
 
     def _entry(self, key: Key) -> _Entry:
         entry = self._entries.get(key)
@@ -101,7 +109,8 @@ class Clusters:
             current = entry.body
             if current is None:
                 return None
-            return await asyncio.to_thread(work, current, entry.memory)
+            call = functools.partial(contextvars.copy_context().run, work, current, entry.memory)
+            return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 
     def poke(self, key: Key, repair: Callable[[Key], Awaitable[None]]) -> None:
         """Ask for ``repair(key)`` soon; one pass covers every poke that arrives before it starts."""

@@ -71,8 +71,9 @@ class Applied:
     kept: tuple[str, ...] = ()  # differences an apply did not change (values the API server normalises)
 
 
-# A child applied this recently and not yet in the watched state, or watched at an older version, is not
-# missing or drifted: the watch has not caught up with the operator's own write.
+# A child applied this recently and not yet in the watched state (unless the watch saw it deleted since), or
+# watched at an older version, is not missing or drifted: the watch has not caught up with the operator's
+# own write.
 WATCH_GRACE_SECONDS = 3.0
 
 
@@ -90,6 +91,7 @@ class Memory:
     draft_readings: loadclient.DraftReadings | None = None
     draft_decision: Decision | None = None
     applied: dict[tuple[str, str], Applied] = field(default_factory=dict)  # by (kind, name): see repair
+    deleted: set[tuple[str, str]] = field(default_factory=set)  # (kind, name) the watch saw deleted
 
 
 @dataclass(frozen=True)
@@ -363,7 +365,8 @@ def repair(
         live, last = existing.get(key), memory.applied.get(key)
         recent = last is not None and 0 <= now - last.at < WATCH_GRACE_SECONDS
         if live is None:
-            if not recent:
+            if not recent or key in memory.deleted:
+                memory.deleted.discard(key)
                 log.info("%s/%s: %s is missing; applying it again", owner.namespace, owner.name, what)
                 apply(kube, memory, obj, now)
                 events.append(Event("Normal", c.EVENT_REPAIRED, f"{what} was missing"))

@@ -59,8 +59,9 @@ def _object_list(desired: Sequence[Mapping[str, Any]], live: Sequence[Any], path
 
 
 def _empty(value: Any) -> bool:
-    """The API server drops empty maps and lists (``omitempty``): asking for one is asking for nothing."""
-    return value is None or (isinstance(value, Mapping | list) and not value)
+    """The API server drops empty maps and lists, and zero values of optional fields (``omitempty``:
+    ``minReadySeconds: 0``): asking for one is asking for nothing."""
+    return value is None or (isinstance(value, Mapping | list | str | int | float) and not value)
 
 
 def _same_scalar(want: Any, have: Any) -> bool:

@@ -211,13 +211,21 @@ def _fetcher(config: Config) -> controller.Fetch:
 
 
 async def child_changed(
-    labels: Mapping[str, str], namespace: str | None, memo: kopf.Memo, logger: Any, **kwargs: Any
+    body: kopf.Body,
+    type: str | None,
+    labels: Mapping[str, str],
+    namespace: str | None,
+    memo: kopf.Memo,
+    logger: Any,
+    **kwargs: Any,
 ) -> None:
     """A watched child changed or went away: a repair pass of its cluster soon (see :meth:`Clusters.poke`)."""
     name = labels.get(c.LABEL_INSTANCE)
     if not name or namespace is None:
         return
     registry = clusters(memo)
+    if type == "DELETED":  # missing for sure, even right after the operator's own write
+        registry.memory((namespace, name)).deleted.add((str(body.get("kind")), str(body.metadata.name)))
     config: Config = memo["config"]
     kube = watched(memo, kwargs)
 

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import random
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,11 +43,14 @@ class Options:
 
 
 class QuietTicks(logging.Filter):
-    """Drops kopf's "Timer 'tick' succeeded." line: one per cluster every few seconds says nothing that the
-    status does not; failures and everything else still get through."""
+    """Drops kopf's success lines of the handlers that run all the time: the tick (one per cluster every few
+    seconds), the indexers and the watch handlers (one per event of every child and pod). They say nothing
+    that the status and the Events do not; failures and everything else still get through."""
+
+    QUIET = re.compile(r"^(Timer 'tick'|Indexer '[^']+'|Handler '(seen|changed_[^']+)') succeeded\.$")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.getMessage() != "Timer 'tick' succeeded."
+        return self.QUIET.match(record.getMessage()) is None
 
 
 PEERING_LIFETIME = 10  # seconds: a standby takes over this long after the active operator stops answering

@@ -149,6 +149,10 @@ def test_successful_ticks_are_not_logged() -> None:
     assert not quiet.filter(record("Timer 'tick' succeeded."))
     assert quiet.filter(record("Handler 'reconcile' succeeded."))
     assert quiet.filter(record("Timer 'tick' failed with an exception. Will retry."))
+    assert not quiet.filter(record("Indexer 'watched_pods' succeeded."))
+    assert not quiet.filter(record("Handler 'changed_services' succeeded."))
+    assert not quiet.filter(record("Handler 'seen' succeeded."))
+    assert quiet.filter(record("Handler 'changed_services' failed with an exception. Will retry."))
 
 
 def test_starsd_operator_help_lists_the_flags(capsys: pytest.CaptureFixture[str]) -> None:

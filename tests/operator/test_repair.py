@@ -154,6 +154,14 @@ def test_no_repair_while_the_watch_has_not_seen_the_operators_own_write() -> Non
     assert repaired(kube, memory, body, after=5) == ["Service chat was missing"]
 
 
+def test_a_deletion_the_watch_saw_is_repaired_even_right_after_the_operators_own_write() -> None:
+    kube, memory, body = reconciled()
+    kube.delete("Service", "ml", "chat")
+    memory.deleted.add(("Service", "chat"))  # what handlers.child_changed records on a DELETED event
+    assert repaired(kube, memory, body, after=1) == ["Service chat was missing"]
+    assert memory.deleted == set()
+
+
 def test_a_rollout_step_moves_the_partition_without_a_repaired_event() -> None:
     kube, memory, body = reconciled()
     kube.edit(
@@ -178,3 +186,5 @@ def test_differences_match_lists_by_merge_key_and_plain_lists_whole() -> None:
     assert drift.differences(desired, {"spec": {"ports": [], "args": ["a"]}}) == ["spec.ports[http]", "spec.args"]
     assert drift.differences({"a": 1}, {"a": "1"}) == [] and drift.differences({"a": 1}, {"a": 2}) == ["a"]
     assert drift.differences({"a": True}, {"a": "True"}) == ["a"]
+    assert drift.differences({"minReadySeconds": 0, "paused": False}, {}) == []  # omitempty
+    assert drift.differences({"replicas": 2}, {}) == ["replicas"]
