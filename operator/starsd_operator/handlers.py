@@ -136,7 +136,7 @@ def _plain(body: Mapping[str, Any]) -> dict[str, Any]:
     return copy.deepcopy(dict(body))
 
 
-def seen(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+async def seen(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
     """Every watch event of a cluster: the newest body, for the passes that start later."""
     if type == "DELETED":
         clusters(memo).gone(key_of(body))
