@@ -71,9 +71,9 @@ class Applied:
     kept: tuple[str, ...] = ()  # differences an apply did not change (values the API server normalises)
 
 
-# A child applied this recently and not yet in the watched state (unless the watch saw it deleted since), or
-# watched at an older version, is not missing or drifted: the watch has not caught up with the operator's
-# own write.
+# A child applied this recently and not yet in the watched state (unless the watch saw it deleted since) is not
+# missing: the watch has not caught up with the operator's own write. (A child watched at an older version
+# is applied again; the apply returns the operator's own last version, and no Event is posted.)
 WATCH_GRACE_SECONDS = 3.0
 
 
@@ -372,11 +372,9 @@ def repair(
                 events.append(Event("Normal", c.EVENT_REPAIRED, f"{what} was missing"))
             continue
         digest, version = _digest(obj), _version(live)
-        caught_up = last is not None and version is not None and version == last.resource_version
-        if caught_up and last is not None and last.desired == digest:
+        ours = last.resource_version if last is not None else None
+        if last is not None and last.desired == digest and version is not None and version == ours:
             continue  # exactly what the operator's own apply left
-        if recent and not caught_up:
-            continue  # the watch may not have seen the operator's own write yet
         diffs = drift.differences(obj, live)
         if not diffs or (last is not None and last.desired == digest and tuple(diffs) == last.kept):
             continue
@@ -386,6 +384,8 @@ def repair(
             continue
         if version is not None and _version(result) == version:  # the apply changed nothing: normalised values
             memory.applied[key] = replace(memory.applied[key], kept=tuple(diffs))
+            continue
+        if ours is not None and _version(result) == ours:  # the watch had not seen the operator's own write yet
             continue
         log.info("%s/%s: %s drifted (%s); applied it again", owner.namespace, owner.name, what, ", ".join(diffs))
         events.append(Event("Normal", c.EVENT_REPAIRED, f"{what} drifted: {', '.join(diffs)}"))

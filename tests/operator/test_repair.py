@@ -3,6 +3,7 @@ drifted applied again with one Repaired Event, what others own left alone."""
 
 from __future__ import annotations
 
+import copy
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -188,3 +189,32 @@ def test_differences_match_lists_by_merge_key_and_plain_lists_whole() -> None:
     assert drift.differences({"a": True}, {"a": "True"}) == ["a"]
     assert drift.differences({"minReadySeconds": 0, "paused": False}, {}) == []  # omitempty
     assert drift.differences({"replicas": 2}, {}) == ["replicas"]
+
+
+def test_a_hand_scale_right_after_the_operators_own_write_is_repaired_at_once() -> None:
+    kube, memory, body = reconciled()
+    assert repaired(kube, memory, body, after=10) == []
+    kube.edit("StatefulSet", "ml", "chat-target-h100", lambda o: o["spec"].update(replicas=99))
+    assert repaired(kube, memory, body, after=10.5) == ["StatefulSet chat-target-h100 drifted: spec.replicas"]
+    kube.edit("StatefulSet", "ml", "chat-target-h100", lambda o: o["spec"].update(replicas=99))
+    assert repaired(kube, memory, body, after=11) == ["StatefulSet chat-target-h100 drifted: spec.replicas"]
+
+
+def test_a_watched_copy_older_than_the_operators_own_write_posts_no_event() -> None:
+    """The watch lags: the pass still sees the drift the operator has just repaired."""
+    kube, memory, body = reconciled()
+    key = ("StatefulSet", "ml", "chat-target-h100")
+    kube.edit(*key, lambda o: o["spec"].update(replicas=99))
+    stale = copy.deepcopy(kube.objects[key])
+    assert repaired(kube, memory, body, after=10) == ["StatefulSet chat-target-h100 drifted: spec.replicas"]
+    fresh = kube.objects[key]
+    kube.objects[key] = stale  # what the watch still holds
+    original = kube.apply
+
+    def server(obj: Any) -> dict[str, Any]:  # the API server holds the repaired object: the apply changes nothing
+        kube.objects[key] = fresh
+        return original(obj)
+
+    kube.apply = server  # type: ignore[method-assign]
+    assert repaired(kube, memory, body, after=10.5) == []
+    assert kube.objects[key]["spec"]["replicas"] == 2
