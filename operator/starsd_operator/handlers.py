@@ -149,9 +149,10 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger:
     kube = watched(memo, kwargs)
     registry = clusters(memo)
 
-    def work(current: Mapping[str, Any], memory: Memory) -> tuple[list[controller.Event], dict[str, str] | None]:
+    def work(current: Mapping[str, Any], memory: Memory) -> tuple[list[controller.Event], dict[str, str] | None, Any]:
         events = controller.reconcile(kube, current, config, memory)
-        return events, controller.images_record(kube, current, config)
+        generation = (current.get("metadata") or {}).get("generation")
+        return events, controller.images_record(kube, current, config), generation
 
     metrics.RECONCILES.labels(handler="reconcile").inc()
     try:
@@ -166,9 +167,9 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger:
         raise kopf.TemporaryError(str(exc), delay=RETRY_DELAY) from exc
     if done is None:
         return
-    events, images = done
+    events, images, generation = done
     post(body, events, logger)
-    patch.status["observedGeneration"] = body.metadata.get("generation")
+    patch.status["observedGeneration"] = generation  # of the body applied: the newest known, maybe past kopf's
     if images is not None and images != (body.get("status") or {}).get("images"):
         patch.status["images"] = images
 
