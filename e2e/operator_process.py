@@ -91,6 +91,7 @@ class OperatorProcess:
         self.kubeconfig = kubeconfig
         self.env = env
         self.port = free_port()
+        self.metrics_port = free_port()  # the operator's /metrics (several operators may run here at once)
         self.proc: subprocess.Popen[bytes] | None = None
         self.runs = 0
         self._log: IO[bytes] | None = None
@@ -112,6 +113,7 @@ class OperatorProcess:
                 "--log-level=DEBUG",
                 "operator",
                 f"--liveness=http://127.0.0.1:{self.port}/healthz",
+                f"--metrics-port={self.metrics_port}",
                 "--interval=1",
                 *self.args,
             ],
@@ -154,6 +156,17 @@ class OperatorProcess:
         if self._log:
             self._log.close()
             self._log = None
+
+    def metrics(self) -> dict[str, float]:
+        """The operator's own metrics now: ``name{labels}`` -> value (Prometheus text format, parsed)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
 
     def log_tail(self, lines: int = 40) -> str:
         try:

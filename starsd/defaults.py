@@ -24,6 +24,7 @@ DRAFT_GRPC_PORT: Final = 50051
 DRAFT_METRICS_PORT: Final = 9090  # /v1/load, /metrics, /healthz, /readyz of a draft
 TARGET_HTTP_PORT: Final = 8000  # the OpenAI API, /metrics, /healthz, /readyz of a target
 OPERATOR_HEALTH_PORT: Final = 8080  # kopf's liveness endpoint (/healthz)
+OPERATOR_METRICS_PORT: Final = 8081  # the operator's own Prometheus metrics (/metrics)
 
 # --- Access ------------------------------------------------------------------------------------------------
 # The environment variable holding a target's accepted API keys (starsd.verifier.auth); the operator fills it

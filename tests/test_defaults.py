@@ -103,6 +103,7 @@ EXPECTED: dict[str, dict[str, Any]] = {
     "autoscaling.scaleInOccupancy": _fraction(d.SCALE_IN_OCCUPANCY),
     "autoscaling.saturatedOccupancy": _fraction(d.SATURATED_OCCUPANCY),
     "autoscaling.tolerance": _fraction(d.TOLERANCE),
+    "autoscaling.scaleInWhileWaiting": {"default": False},
     **{f"autoscaling.scaleUp.{k}": v for k, v in _rules(d.SCALE_UP_WINDOW_SECONDS, d.SCALE_UP_MAX_STEP).items()},
     **{f"autoscaling.scaleDown.{k}": v for k, v in _rules(d.SCALE_DOWN_WINDOW_SECONDS, d.SCALE_DOWN_MAX_STEP).items()},
     "autoscaling.convergenceTimeoutSeconds": {

@@ -1,9 +1,11 @@
 """When a status change is worth a write: the status is written on a real change only.
 
-A real change is a condition's status or reason, a count, the regime, a readiness, the last rebalance, or the
-draft's utilisation moving by more than :data:`UTILIZATION_STEP`. Everything else that moves every tick (the
-utilisation's small jitter, queue and demand figures, N*, the wording of a message) is refreshed at most
-once per :data:`REFRESH_SECONDS`, so an idle cluster costs the API server about one PATCH a minute.
+A real change is a condition's status or reason (the rebalancer's holding reasons count as one), a count,
+the regime, a readiness, the last rebalance, or the draft's utilisation moving by more than
+:data:`UTILIZATION_STEP`. Everything else that moves every tick (the utilisation's small jitter, queue and
+demand figures, N*, the wording of a message, which holding reason) is refreshed at most once per
+:data:`REFRESH_SECONDS`, so an idle cluster, or one whose load hovers at a threshold, costs the API server
+about one PATCH a minute.
 """
 
 from __future__ import annotations
@@ -23,11 +25,22 @@ VOLATILE_TOP = frozenset({"recommendedTargets"})
 VOLATILE_DRAFTS = frozenset({"worstUtilization", "loads"})
 
 
+# The Rebalancing condition's reasons while the count holds: a load near a threshold flips between them from
+# one reading to the next (Balanced, then Stabilizing as a recommendation enters the window, ...). Which one
+# holds is refreshed like a figure; the count moving, or the rebalancer stopping, is a real change.
+HOLDING = frozenset({"Balanced", "Stabilizing", "RateLimited", "AtBound"})
+
+
+def _reason(condition: Mapping[str, Any]) -> str:
+    reason = str(condition.get("reason"))
+    return "Holding" if condition.get("type") == "Rebalancing" and reason in HOLDING else reason
+
+
 def essence(status: Mapping[str, Any]) -> dict[str, Any]:
     """What a real change changes: ``status`` without its volatile figures and condition wording."""
     out = {k: v for k, v in status.items() if k not in VOLATILE_TOP and k not in ("conditions", "draft", "drafts")}
     out["conditions"] = sorted(
-        (str(c.get("type")), str(c.get("status")), str(c.get("reason"))) for c in status.get("conditions") or []
+        (str(c.get("type")), str(c.get("status")), _reason(c)) for c in status.get("conditions") or []
     )
     draft = status.get("draft") or {}
     out["draft"] = {k: v for k, v in draft.items() if k not in VOLATILE_DRAFT}

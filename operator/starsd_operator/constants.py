@@ -24,6 +24,9 @@ LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
 LABEL_COMPONENT: Final = "app.kubernetes.io/component"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 LABEL_POOL: Final = f"{GROUP}/pool"
+# On the one Service per workload that lists each of its pods once (the draft's and every pool's headless
+# Service): what the chart's ServiceMonitors select, so each pod is scraped once.
+LABEL_SCRAPE: Final = f"{GROUP}/scrape"
 APP_NAME: Final = "starsd"
 MANAGED_BY: Final = "starsd-operator"
 COMPONENT_DRAFT: Final = "draft"
@@ -65,6 +68,8 @@ EVENT_REBALANCED: Final = "Rebalanced"
 EVENT_CREATED: Final = "Created"
 EVENT_SCALED: Final = "Scaled"
 EVENT_DELETED: Final = "Deleted"
+# A child that was missing, or whose operator-owned fields someone changed, applied again (controller.repair).
+EVENT_REPAIRED: Final = "Repaired"
 # Warning Events, each posted once while its cause lasts.
 EVENT_LOAD_URL_IGNORED: Final = "LoadURLIgnored"
 # A pool's rollout changing state (rollout.py): rolling, held behind an earlier pool, halted, done.

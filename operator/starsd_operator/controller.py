@@ -21,6 +21,7 @@ from . import (
     churn,
     draft,
     draftcount,
+    drift,
     imagepolicy,
     loadclient,
     naming,
@@ -62,6 +63,22 @@ class CountTrack:
 
 
 @dataclass
+class Applied:
+    """What the operator last applied to one child, and what the API server made of it."""
+
+    resource_version: str | None  # of the object the apply returned
+    at: float  # when (seconds)
+    desired: str  # hash of the desired object applied
+    kept: tuple[str, ...] = ()  # differences an apply did not change (values the API server normalises)
+
+
+# A child applied this recently and not yet in the watched state (unless the watch saw it deleted since) is not
+# missing: the watch has not caught up with the operator's own write. (A child watched at an older version
+# is applied again; the apply returns the operator's own last version, and no Event is posted.)
+WATCH_GRACE_SECONDS = 3.0
+
+
+@dataclass
 class Memory:
     """What the operator remembers of one cluster between ticks (lost on restart, by design: the
     rebalancer then waits for a fresh window before it acts)."""
@@ -74,6 +91,8 @@ class Memory:
     # The last tick's draft readings and draft decision, for status.drafts (draftcount.status).
     draft_readings: loadclient.DraftReadings | None = None
     draft_decision: Decision | None = None
+    applied: dict[tuple[str, str], Applied] = field(default_factory=dict)  # by (kind, name): see repair
+    deleted: set[tuple[str, str]] = field(default_factory=set)  # (kind, name) the watch saw deleted
 
 
 @dataclass(frozen=True)
@@ -87,6 +106,7 @@ class Event:
 class TickResult:
     status_patch: dict[str, Any]
     events: list[Event] = field(default_factory=list)
+    decision_reason: str | None = None  # the rebalancer's, when it decided (metrics)
 
 
 def owner_of(body: Mapping[str, Any]) -> Owner:
@@ -117,8 +137,9 @@ def reconcile(
         first = children.desired(owner, spec, images, api_key=key)
         plan = plan_rollouts(owner, spec, body, first, sets, pods, now or time.time())
         wanted = children.desired(owner, spec, images, {r.name: r.partition for r in plan}, key)
+        at = time.time() if now is None else now
         for obj in wanted:
-            kube.apply(obj)
+            apply(kube, memory, obj, at)
         events = change_events(before, wanted)
         events += _delete_stale(kube, owner, wanted)
         events += _replace_legacy_draft(kube, owner, before)
@@ -272,18 +293,15 @@ def previous_rollouts(body: Mapping[str, Any]) -> dict[str, str | None]:
 
 
 def _step_rollouts(
-    kube: Kube,
     body: Mapping[str, Any],
     config: Config,
-    memory: Memory,
     spec: ClusterSpec,
     observed: status.Children,
     now: float,
     api_key: apikey.KeyState | None = None,
 ) -> tuple[list[rollout.PoolRollout] | None, list[Event]]:
-    """The pools' rollouts now, and the Events of their changes; when a partition should move (a pod came up
-    on the new revision, a pool's turn came, a rollout halted), the StatefulSets are applied again. Nothing
-    is applied while a reconcile of this generation is pending or has failed (the handler owns those)."""
+    """The pools' rollouts now, and the Events of their changes. A partition that should move (a pod came up
+    on the new revision, a pool's turn came, a rollout halted) is applied by :func:`repair`."""
     owner = owner_of(body)
     existing = {("StatefulSet", str((o.get("metadata") or {}).get("name"))): o for o in observed.statefulsets}
     existing.update({("Deployment", str((o.get("metadata") or {}).get("name"))): o for o in observed.deployments})
@@ -294,37 +312,106 @@ def _step_rollouts(
         return None, []
     plan = plan_rollouts(owner, spec, body, wanted, observed.statefulsets, observed.pods, now)
     events = [Event(t.type, t.reason, t.message) for t in rollout.transitions(previous_rollouts(body), plan)]
-    meta = body["metadata"]
-    current = (body.get("status") or {}).get("observedGeneration") == meta.get("generation")
-    if not current or memory.reconcile_error is not None or meta.get("deletionTimestamp"):
-        return plan, events
-    # A pool moves when its partition should, or when its template changed outside the spec (the API key's
-    # Secret, see .apikey): no handler runs for that, so the tick applies it.
-    hashes = {str(o["metadata"]["name"]): _template_hash(o) for o in wanted if o.get("kind") == "StatefulSet"}
-    moved = [
-        r.name
-        for r in plan
-        if (sts := existing.get(("StatefulSet", name := naming.pool_name(owner, r.name)))) is not None
-        and (_partition(sts) != r.partition or _template_hash(sts) != hashes.get(name))
-    ]
-    if moved:
-        log.info("%s/%s: moving the rollout of pools %s", owner.namespace, owner.name, ", ".join(moved))
-        try:
-            events += reconcile(kube, body, config, memory, now=now)
-        except (SpecError, KubeError) as exc:
-            log.warning("stepping the rollout of %s/%s failed: %s", owner.namespace, owner.name, exc)
     return plan, events
 
 
-def _template_hash(sts: Mapping[str, Any]) -> str | None:
-    """The hash of the pod template the operator last applied to a StatefulSet (see .rollout)."""
-    value = ((sts.get("metadata") or {}).get("annotations") or {}).get(rollout.ANNOTATION_TEMPLATE_HASH)
-    return None if value is None else str(value)
+def apply(kube: Kube, memory: Memory, obj: Mapping[str, Any], at: float) -> dict[str, Any]:
+    """Server-side apply ``obj`` and remember what came back (see :func:`repair`)."""
+    result = kube.apply(obj) or {}
+    key = (str(obj["kind"]), str(obj["metadata"]["name"]))
+    memory.applied[key] = Applied(_version(result), at, _digest(obj))
+    return result
 
 
-def _partition(sts: Mapping[str, Any]) -> int:
-    strategy = (sts.get("spec") or {}).get("updateStrategy") or {}
-    return int((strategy.get("rollingUpdate") or {}).get("partition") or 0)
+def _version(obj: Mapping[str, Any] | None) -> str | None:
+    value = ((obj or {}).get("metadata") or {}).get("resourceVersion")
+    return str(value) if value else None
+
+
+def _digest(obj: Mapping[str, Any]) -> str:
+    return rollout.template_hash(obj)
+
+
+PARTITION = "spec.updateStrategy.rollingUpdate.partition"
+
+
+def repair(
+    kube: Kube,
+    body: Mapping[str, Any],
+    config: Config,
+    memory: Memory,
+    spec: ClusterSpec,
+    observed: status.Children,
+    plan: Sequence[rollout.PoolRollout] | None,
+    now: float,
+    api_key: apikey.KeyState | None = None,
+) -> list[Event]:
+    """Compare every child with its desired state and apply again each one that is missing or whose
+    operator-owned fields differ (:mod:`.drift`); one ``Repaired`` Event names each and what drifted. A pool's
+    rollout partition that ``plan`` moves is applied too, without an Event (it is a rollout step).
+
+    Nothing is applied while a reconcile of this generation is pending or has failed (the handler owns
+    those), nor while the cluster is being deleted (its children are being collected)."""
+    meta = body["metadata"]
+    current = (body.get("status") or {}).get("observedGeneration") == meta.get("generation")
+    if not current or memory.reconcile_error is not None or meta.get("deletionTimestamp"):
+        return []
+    owner = owner_of(body)
+    existing = _existing(kube, owner)
+    try:
+        images = cluster_images(owner, spec, body, config, existing)
+        wanted = children.desired(owner, spec, images, {r.name: r.partition for r in plan or ()}, api_key)
+    except SpecError:
+        return []
+    events: list[Event] = []
+    for obj in wanted:
+        key = (str(obj["kind"]), str(obj["metadata"]["name"]))
+        what = f"{key[0]} {key[1]}"
+        live, last = existing.get(key), memory.applied.get(key)
+        recent = last is not None and 0 <= now - last.at < WATCH_GRACE_SECONDS
+        if live is None:
+            if not recent or key in memory.deleted:
+                memory.deleted.discard(key)
+                log.info("%s/%s: %s is missing; applying it again", owner.namespace, owner.name, what)
+                apply(kube, memory, obj, now)
+                events.append(Event("Normal", c.EVENT_REPAIRED, f"{what} was missing"))
+            continue
+        digest, version = _digest(obj), _version(live)
+        ours = last.resource_version if last is not None else None
+        if last is not None and last.desired == digest and version is not None and version == ours:
+            continue  # exactly what the operator's own apply left
+        diffs = drift.differences(obj, live)
+        if not diffs or (last is not None and last.desired == digest and tuple(diffs) == last.kept):
+            continue
+        result = apply(kube, memory, obj, now)
+        if set(diffs) == {PARTITION}:
+            log.info("%s/%s: moving the rollout partition of %s", owner.namespace, owner.name, what)
+            continue
+        if version is not None and _version(result) == version:  # the apply changed nothing: normalised values
+            memory.applied[key] = replace(memory.applied[key], kept=tuple(diffs))
+            continue
+        if ours is not None and _version(result) == ours:  # the watch had not seen the operator's own write yet
+            continue
+        if last is not None and last.desired != digest:  # the desired state moved (the spec, the key's Secret)
+            log.info("%s/%s: %s changed (%s); applied", owner.namespace, owner.name, what, ", ".join(diffs))
+            continue
+        log.info("%s/%s: %s drifted (%s); applied it again", owner.namespace, owner.name, what, ", ".join(diffs))
+        events.append(Event("Normal", c.EVENT_REPAIRED, f"{what} drifted: {', '.join(diffs)}"))
+    return events + _replace_legacy_draft(kube, owner, existing)
+
+
+def converge(kube: Kube, body: Mapping[str, Any], config: Config, memory: Memory, *, now: float) -> list[Event]:
+    """The children's half of a tick, run when a watched child changes: :func:`repair` from the watched
+    state, without reading the load or writing the status. Returns the Events of the repairs."""
+    try:
+        spec = parse(body.get("spec") or {})
+    except SpecError:
+        return []
+    owner = owner_of(body)
+    observed = observe(kube, owner)
+    key = apikey.observe(kube, owner, spec.auth)
+    plan, _ = _step_rollouts(body, config, spec, observed, now, key)
+    return repair(kube, body, config, memory, spec, observed, plan, now, key)
 
 
 def observe(kube: Kube, owner: Owner) -> status.Children:
@@ -358,6 +445,7 @@ def policy(spec: ClusterSpec) -> rebalancer.Policy:
         scale_in_occupancy=a.scale_in_occupancy,
         saturated_occupancy=a.saturated_occupancy,
         tolerance=a.tolerance,
+        scale_in_while_waiting=a.scale_in_while_waiting,
         up=_direction(a.scale_up),
         down=_direction(a.scale_down),
         convergence_timeout_seconds=float(a.convergence_timeout_seconds),
@@ -390,9 +478,8 @@ def tick(
     key: apikey.KeyState | None = None
     if spec is not None:
         key = apikey.observe(kube, owner, spec.auth)  # a changed key rolls the pools (see .apikey)
-        observed, events = _repair(kube, body, config, memory, spec, observed, previous.get("observedGeneration"))
-        plan, stepped = _step_rollouts(kube, body, config, memory, spec, observed, now.timestamp(), key)
-        events += stepped
+        plan, events = _step_rollouts(body, config, spec, observed, now.timestamp(), key)
+        events += repair(kube, body, config, memory, spec, observed, plan, now.timestamp(), key)
     error = memory.reconcile_error
     obs = status.Observation(
         owner=owner,
@@ -412,40 +499,11 @@ def tick(
         drafts = draftcount.status(memory.draft_readings, memory.draft_decision, previous, now)["drafts"]
         new["drafts"] = {**(new.get("drafts") or {}), **drafts}
     patch = status.merge_patch(previous, new)
+    reason = obs.decision.reason if obs.decision is not None else None
     if not patch or not churn.should_write(previous, new, memory.last_status_write, now.timestamp()):
-        return TickResult(status_patch={}, events=events)
+        return TickResult(status_patch={}, events=events, decision_reason=reason)
     memory.last_status_write = now.timestamp()
-    return TickResult(status_patch=patch, events=events)
-
-
-def _repair(
-    kube: Kube,
-    body: Mapping[str, Any],
-    config: Config,
-    memory: Memory,
-    spec: ClusterSpec,
-    observed: status.Children,
-    observed_generation: Any,
-) -> tuple[status.Children, list[Event]]:
-    """Re-apply when a workload was deleted behind the operator's back (not while a reconcile of this
-    generation is pending or has failed: the handler owns those); returns the Events of the repair."""
-    owner = owner_of(body)
-    generation = body["metadata"].get("generation")
-    if observed_generation != generation or memory.reconcile_error is not None:
-        return observed, []
-    if body["metadata"].get("deletionTimestamp"):  # going away: its children are being collected
-        return observed, []
-    names = [naming.draft_statefulset_name(owner)] + [naming.pool_name(owner, p.name) for p in spec.pools]
-    present = {(o.get("metadata") or {}).get("name") for o in observed.statefulsets}
-    if all(n in present for n in names):
-        return observed, []
-    log.info("children of %s/%s are missing; applying them again", owner.namespace, owner.name)
-    try:
-        events = reconcile(kube, body, config, memory)
-    except (SpecError, KubeError) as exc:
-        log.warning("repairing %s/%s failed: %s", owner.namespace, owner.name, exc)
-        return observed, []
-    return observe(kube, owner), events
+    return TickResult(status_patch=patch, events=events, decision_reason=reason)
 
 
 def external_autoscaler(kube: Kube, owner: Owner) -> str | None:

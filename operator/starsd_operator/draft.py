@@ -95,11 +95,12 @@ def service(owner: Owner) -> dict[str, Any]:
 
 def headless_service(owner: Owner) -> dict[str, Any]:
     """The StatefulSet's governing Service: ``<name>-draft-<i>.<this>.<namespace>.svc`` per ready draft pod
-    (a draft that is not ready has no address, so its targets try the next one)."""
+    (a draft that is not ready has no address, so its targets try the next one). Prometheus scrapes the drafts
+    through it (``LABEL_SCRAPE``), not through :func:`service`, so each draft pod once."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": naming.metadata(owner, naming.draft_headless_name(owner), c.COMPONENT_DRAFT),
+        "metadata": naming.scraped(naming.metadata(owner, naming.draft_headless_name(owner), c.COMPONENT_DRAFT)),
         "spec": {"clusterIP": "None", "publishNotReadyAddresses": False, **_selector_and_ports(owner)},
     }
 

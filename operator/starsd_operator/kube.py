@@ -7,13 +7,15 @@ resume and update one idempotent path. Bodies go out and come back as plain dict
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from . import constants as c
+from . import metrics
 
 APPLY = "application/apply-patch+yaml"  # JSON is YAML: the client sends the dict as JSON
 JSON_PATCH = "application/json-patch+json"
@@ -38,7 +40,7 @@ class KubeError(RuntimeError):
 class Kube(Protocol):
     """What the controller needs from the API server (a fake implements it in the tests)."""
 
-    def apply(self, obj: Mapping[str, Any]) -> None: ...
+    def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]: ...
 
     def list(self, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]: ...
 
@@ -98,10 +100,12 @@ class ApiServer:
         method: Callable[..., Any] = getattr(api, f"{verb}_namespaced_{spec.snake}")
         return method
 
-    def apply(self, obj: Mapping[str, Any]) -> None:
+    def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """The object as the API server keeps it after the apply."""
         meta = obj["metadata"]
         patch = self._method(obj["kind"], "patch")
-        _call(
+        metrics.API_REQUESTS.labels(verb="apply", kind=obj["kind"]).inc()
+        return _call(
             patch,
             name=meta["name"],
             namespace=meta["namespace"],
@@ -112,11 +116,13 @@ class ApiServer:
         )
 
     def list(self, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
+        metrics.API_REQUESTS.labels(verb="list", kind=kind).inc()
         data = _call(self._method(kind, "list"), namespace=namespace, label_selector=selector)
         items: list[dict[str, Any]] = data.get("items") or []
         return items
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
+        metrics.API_REQUESTS.labels(verb="delete", kind=kind).inc()
         try:
             _call(self._method(kind, "delete"), name=name, namespace=namespace, propagation_policy="Background")
         except KubeError as exc:
@@ -143,6 +149,7 @@ class ApiServer:
 
     def _swap(self, namespace: str, name: str, path: str, expected: int, new: int) -> bool:
         api = self._client.CustomObjectsApi(self._api)
+        metrics.API_REQUESTS.labels(verb="patch", kind=c.KIND).inc()
         ops = [
             {"op": "test", "path": path, "value": expected},
             {"op": "replace", "path": path, "value": new},
@@ -165,6 +172,57 @@ class ApiServer:
                 return False
             raise
         return True
+
+
+def list_clusters(namespace: str | None) -> list[dict[str, Any]]:
+    """Every StarSDCluster (in ``namespace``, or everywhere), as plain dicts."""
+    from kubernetes import client
+
+    api = client.CustomObjectsApi(client.ApiClient())
+    metrics.API_REQUESTS.labels(verb="list", kind=c.KIND).inc()
+    if namespace:
+        data = _call(
+            api.list_namespaced_custom_object, group=c.GROUP, version=c.VERSION, namespace=namespace, plural=c.PLURAL
+        )
+    else:
+        data = _call(api.list_cluster_custom_object, group=c.GROUP, version=c.VERSION, plural=c.PLURAL)
+    items: list[dict[str, Any]] = data.get("items") or []
+    return items
+
+
+Store = Callable[[str], Iterable[Mapping[str, Any]]]  # namespace -> the watched objects of one kind there
+
+
+class Watched:
+    """:class:`Kube` whose ``list`` of a watched kind answers from memory (the operator's watches: kopf
+    indices, see :mod:`.handlers`) and sends everything else to ``api``."""
+
+    def __init__(self, api: Kube, stores: Mapping[str, Store]) -> None:
+        self._api = api
+        self._stores = dict(stores)
+
+    def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        return self._api.apply(obj)
+
+    def list(self, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
+        store = self._stores.get(kind)
+        if store is None:
+            return self._api.list(kind, namespace, selector)
+        wanted = dict(part.split("=", 1) for part in selector.split(",") if part)
+        return [
+            copy.deepcopy(dict(obj))
+            for obj in store(namespace)
+            if wanted.items() <= ((obj.get("metadata") or {}).get("labels") or {}).items()
+        ]
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        self._api.delete(kind, namespace, name)
+
+    def swap_replicas(self, namespace: str, name: str, expected: int, new: int) -> bool:
+        return self._api.swap_replicas(namespace, name, expected, new)
+
+    def swap_draft_replicas(self, namespace: str, name: str, expected: int, new: int) -> bool:
+        return self._api.swap_draft_replicas(namespace, name, expected, new)
 
 
 def _call(method: Callable[..., Any], **kwargs: Any) -> dict[str, Any]:

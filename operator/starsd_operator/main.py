@@ -8,18 +8,22 @@ the Events it chooses (each rebalancing decision) plus kopf's warnings and error
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import random
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import kopf
 
 from starsd import defaults
 
 from . import constants as c
-from . import handlers, kube
+from . import handlers, kube, metrics, uninstall
+from .clusters import Clusters
 from .controller import Config
 from .podspec import Images
 
@@ -30,6 +34,7 @@ log = logging.getLogger(__name__)
 class Options:
     namespace: str | None = None  # None: every namespace
     liveness_port: int = defaults.OPERATOR_HEALTH_PORT
+    metrics_port: int = defaults.OPERATOR_METRICS_PORT  # the operator's /metrics; 0: not served
     tick_interval: float = 5.0  # seconds between status refreshes and load readings of one cluster
     load_timeout: float = 3.0
     allow_load_url_annotation: bool = False  # honour starsd.io/load-url (tests; never in a shared cluster)
@@ -38,11 +43,14 @@ class Options:
 
 
 class QuietTicks(logging.Filter):
-    """Drops kopf's "Timer 'tick' succeeded." line: one per cluster every few seconds says nothing that the
-    status does not; failures and everything else still get through."""
+    """Drops kopf's success lines of the handlers that run all the time: the tick (one per cluster every few
+    seconds), the indexers and the watch handlers (one per event of every child and pod). They say nothing
+    that the status and the Events do not; failures and everything else still get through."""
+
+    QUIET = re.compile(r"^(Timer 'tick'|Indexer '[^']+'|Handler '(seen|changed_[^']+)') succeeded\.$")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.getMessage() != "Timer 'tick' succeeded."
+        return self.QUIET.match(record.getMessage()) is None
 
 
 PEERING_LIFETIME = 10  # seconds: a standby takes over this long after the active operator stops answering
@@ -76,6 +84,13 @@ def configure_settings(
 def build_registry(options: Options) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     handlers.register(registry, tick_interval=options.tick_interval)
+
+    async def startup(logger: Any, **_: Any) -> None:
+        if options.metrics_port:
+            metrics.serve(options.metrics_port)
+        await asyncio.to_thread(warn_stuck, options.namespace)
+
+    kopf.on.startup(registry=registry, id="startup")(startup)
     return registry
 
 
@@ -115,5 +130,16 @@ def run(options: Options, env: Mapping[str, str] | None = None) -> None:
         clusterwide=options.namespace is None,
         namespaces=[options.namespace] if options.namespace else (),
         liveness_endpoint=f"http://0.0.0.0:{options.liveness_port}/healthz",
-        memo=kopf.Memo(kube=kube.ApiServer(), config=config),
+        memo=kopf.Memo(kube=kube.ApiServer(), config=config, **{handlers.CLUSTERS_KEY: Clusters()}),
     )
+
+
+def warn_stuck(namespace: str | None) -> None:
+    """Log a warning for each cluster found waiting for deletion (see :mod:`.uninstall`)."""
+    try:
+        bodies = kube.list_clusters(namespace)
+    except kube.KubeError as exc:
+        log.warning("cannot list the StarSDClusters to look for ones stuck in deletion: %s", exc)
+        return
+    for message in uninstall.stuck(bodies):
+        log.warning(message)

@@ -121,6 +121,12 @@ def status_selector(owner: Owner) -> str:
     return f"{c.LABEL_INSTANCE}={owner.name},{c.LABEL_COMPONENT}={c.COMPONENT_TARGET}"
 
 
+def scraped(metadata: dict[str, Any]) -> dict[str, Any]:
+    """``metadata`` of the Service Prometheus scrapes a workload's pods through (see ``LABEL_SCRAPE``)."""
+    metadata["labels"][c.LABEL_SCRAPE] = "true"
+    return metadata
+
+
 def owner_reference(owner: Owner) -> dict[str, Any]:
     """The controller reference that lets the garbage collector delete a child with its cluster."""
     return {

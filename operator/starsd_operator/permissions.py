@@ -1,9 +1,9 @@
 """Every API request the operator makes, as RBAC rules: what the chart grants, exactly (tests/chart checks
 that the chart's rules equal these, and e2e/ runs the whole suite under the chart's ServiceAccount).
 
-Each rule names where the code makes the request. Children and pods are listed by label, the custom resource
-arrives through kopf's watch; the one ``get`` is of the Secret a cluster's ``spec.auth.apiKeySecretRef`` names
-(Secrets are never listed or watched).
+Each rule names where the code makes the request. Children, pods and HPAs are watched (kopf indices,
+handlers.WATCHED) and read from memory, the custom resource arrives through kopf's watch; the one ``get`` is
+of the Secret a cluster's ``spec.auth.apiKeySecretRef`` names (Secrets are never listed or watched).
 """
 
 from __future__ import annotations
@@ -45,24 +45,24 @@ PERMISSIONS: tuple[Permission, ...] = (
     _p(
         "apps",
         "deployments",
-        "list delete",
-        "controller.observe; controller._replace_legacy_draft (the draft Deployment of an older operator)",
+        "list watch delete",
+        "handlers.WATCHED (controller.observe); controller._replace_legacy_draft (an older operator's draft)",
     ),
     _p(
         "apps",
         "statefulsets",
-        "list create patch delete",
-        "kube.apply; controller.observe; controller._delete_stale (a pool left the spec)",
+        "list watch create patch delete",
+        "kube.apply; handlers.WATCHED (controller.observe); controller._delete_stale (a pool left the spec)",
     ),
-    _p("", "services", "list create patch delete", "kube.apply; controller._delete_stale"),
+    _p("", "services", "list watch create patch delete", "kube.apply; handlers.WATCHED; controller._delete_stale"),
     _p(
         "policy",
         "poddisruptionbudgets",
-        "list create patch delete",
-        "kube.apply; controller._delete_stale (a pool scaled to none, or left the spec)",
+        "list watch create patch delete",
+        "kube.apply; handlers.WATCHED; controller._delete_stale (a pool scaled to none, or left the spec)",
     ),
-    _p("networking.k8s.io", "networkpolicies", "list create patch", "kube.apply; controller._existing"),
-    _p("", "pods", "list", "controller.observe (readiness and the problems diagnose reports)"),
+    _p("networking.k8s.io", "networkpolicies", "list watch create patch", "kube.apply; handlers.WATCHED"),
+    _p("", "pods", "list watch", "handlers.WATCHED: controller.observe (readiness, the problems diagnose reports)"),
     _p(
         "",
         "secrets",
@@ -71,7 +71,7 @@ PERMISSIONS: tuple[Permission, ...] = (
         "rolls the targets when it changes)",
     ),
     _p("", "events", "create", "kopf.event (handlers.post) and kopf's own warnings"),
-    _p("autoscaling", "horizontalpodautoscalers", "list", "controller.external_autoscaler"),
+    _p("autoscaling", "horizontalpodautoscalers", "list watch", "handlers.WATCHED: controller.external_autoscaler"),
     _p(
         "apiextensions.k8s.io",
         "customresourcedefinitions",

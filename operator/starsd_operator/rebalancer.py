@@ -11,7 +11,9 @@ one *recommendation*, a target count, from the current count ``n``:
 1. **Targets idle** (occupancy below ``scaleInOccupancy``, nothing waiting at the targets or the draft):
    ``minTargets``, whatever the draft's load: a target with nothing to do wastes a GPU.
 2. **Draft saturated** (utilisation at or above ``saturatedUtilization`` and requests queueing at the draft):
-   ``min(n, N*)``: more targets than N* only queue behind the draft.
+   ``min(n, N*)``: more targets than N* only queue behind the draft. Not while requests wait at the targets
+   (unless ``scaleInWhileWaiting``): their clients would lose the targets serving them, so the count holds
+   (and the draft count goes up where ``maxDrafts`` allows, :func:`recommend_drafts`).
 3. **Draft under-loaded and targets saturated** (the draft's utilisation below ``underloadedUtilization``
    or its regime ``UnderLoaded`` with no queue; requests waiting at the targets or occupancy at or above
    ``saturatedOccupancy``): ``max(n, N*)``.
@@ -236,6 +238,7 @@ class Policy:
     scale_in_occupancy: float = 0.1
     saturated_occupancy: float = 0.8
     tolerance: float = 0.1
+    scale_in_while_waiting: bool = False  # a saturated draft may remove targets that have requests waiting
     up: Direction = field(default_factory=lambda: Direction(window_seconds=30.0, max_step=4))
     down: Direction = field(default_factory=lambda: Direction(window_seconds=300.0, max_step=2))
     convergence_timeout_seconds: float = 600.0
@@ -285,6 +288,12 @@ def recommend(policy: Policy, n: int, load: Load) -> Recommendation:
     if load.utilization >= policy.saturated_utilization and load.queue_depth > 0:
         if n_star is None:
             return Recommendation(n, BALANCED, f"draft saturated but N* unknown ({draft})")
+        if n_star < n and load.waiting_requests > 0 and not policy.scale_in_while_waiting:
+            why = (
+                f"draft saturated ({draft}), but {load.waiting_requests} requests wait at the targets: holding"
+                " (more drafts serve them; autoscaling.scaleInWhileWaiting would allow fewer targets)"
+            )
+            return Recommendation(n, BALANCED, why)
         return _tolerant(policy, n, min(n, n_star), SATURATED, f"draft saturated ({draft})")
     saturated = load.waiting_requests > 0 or load.target_occupancy >= policy.saturated_occupancy
     under = load.utilization < policy.underloaded_utilization or (

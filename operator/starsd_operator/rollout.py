@@ -10,11 +10,12 @@ partition run the new template, the others keep theirs):
 * every later pool with a pending change is **held** at ``partition = replicas``: it takes the new template (a
   pod that is recreated or added comes back at the old revision) but no pod is replaced until every earlier
   pool has **settled** (the StatefulSet's ``currentRevision == updateRevision``, every pod available);
-* a rolling pool whose updated pod fails (crash loop, image pull, configuration, unschedulable, or not ready
-  for ``progressDeadlineSeconds``) is **halted**: its partition goes back up to ``replicas`` (no further pod,
-  no recreated or added pod, gets the failing revision), later pools stay held, and the status says which
-  pod, on which revision, and why. A new template (the fix) rolls again from the top; so does the failing
-  pod recovering.
+* a rolling pool whose updated pod fails (crash loop, image pull, configuration, or not ready for
+  ``progressDeadlineSeconds``) is **halted**: its partition goes back up to ``replicas`` (no further pod, no
+  recreated or added pod, gets the failing revision), later pools stay held, and the status says which pod,
+  on which revision, and why. A new template (the fix) rolls again from the top; so does the failing pod
+  recovering. An updated pod that cannot be scheduled yet is *waiting* (the cluster autoscaler may be adding
+  a node): it halts the pool only once the deadline passes.
 
 Whether a pool's change is pending is read from an annotation holding the hash of the template the operator
 last applied (so the decision is right in the very request that applies a new template) and from the
@@ -227,6 +228,7 @@ def _rolling(pool: PoolView, f: _Facts, timing: Timing) -> PoolRollout:
     done = _settled_tail(pool, f.revision, timing)
     partition = min(f.partition, max(0, n - 1 - done))
     message = f"rolling to revision {f.revision}: {updated} of {n} pods updated, partition {partition}"
+    message += _waiting(pool, f.revision, timing)
     return PoolRollout(pool.name, ROLLING, partition, message, f.revision, updated)
 
 
@@ -258,6 +260,11 @@ def _settled_tail(pool: PoolView, revision: str, timing: Timing) -> int:
     return count
 
 
+# A pod the scheduler cannot place yet is waiting, not failing: the cluster autoscaler may be adding a node
+# (a GPU node takes minutes). It fails only when the deadline passes.
+WAITING_REASONS = frozenset({"Unschedulable"})
+
+
 def _failing(pool: PoolView, revision: str | None, timing: Timing) -> str | None:
     """Why an updated pod fails (its name and its own words), or None."""
     for pod in _members(pool):
@@ -265,13 +272,28 @@ def _failing(pool: PoolView, revision: str | None, timing: Timing) -> str | None
             continue
         name = (pod.get("metadata") or {}).get("name", "?")
         problems = diagnose.pod_problems(pod)
-        if problems:
-            return f"{problems[0].reason}: {problems[0].message}"
+        failing = [p for p in problems if p.reason not in WAITING_REASONS]
+        if failing:
+            return f"{failing[0].reason}: {failing[0].message}"
         since = _not_ready_since(pod)
         if since is not None and not _starting(pod) and timing.now - since >= timing.deadline_seconds:
             waited = int(timing.now - since)
-            return f"NotReady: pod {name} not ready for {waited}s (deadline {timing.deadline_seconds}s)"
+            why = f": {problems[0].message}" if problems else ""
+            return f"NotReady: pod {name} not ready for {waited}s (deadline {timing.deadline_seconds}s){why}"
     return None
+
+
+def _waiting(pool: PoolView, revision: str, timing: Timing) -> str:
+    """``; pod P waits to be scheduled (Ns of the Ds deadline)`` for an updated pod the scheduler cannot place."""
+    for pod in _members(pool):
+        if _revision(pod) != revision:
+            continue
+        if any(p.reason in WAITING_REASONS for p in diagnose.pod_problems(pod)):
+            since = _not_ready_since(pod)
+            waited = int(timing.now - since) if since is not None else 0
+            name = (pod.get("metadata") or {}).get("name", "?")
+            return f"; pod {name} waits to be scheduled ({waited}s of the {timing.deadline_seconds}s deadline)"
+    return ""
 
 
 def _ordinal(pod: Mapping[str, Any]) -> int | None:

@@ -111,6 +111,8 @@ class AutoscalingSpec:
     # Targets at or above this occupancy, or with requests waiting, are saturated (scale out toward N*).
     saturated_occupancy: float = defaults.SATURATED_OCCUPANCY
     tolerance: float = defaults.TOLERANCE
+    # A saturated draft may take targets away while requests wait at the targets (the user's opt-in).
+    scale_in_while_waiting: bool = False
     scale_up: ScalingRules = field(
         default_factory=lambda: ScalingRules(defaults.SCALE_UP_WINDOW_SECONDS, defaults.SCALE_UP_MAX_STEP)
     )
@@ -301,9 +303,18 @@ def _pool(raw: Any, where: str) -> PoolSpec:
     )
 
 
+MIN_TARGETS_MESSAGE = (
+    "spec.autoscaling.minTargets must be at least 1: with no target, nothing reports demand to the draft, so the"
+    " rebalancer could never scale the cluster back up (docs/rebalancer.md); set spec.targets.replicas to 0 by"
+    " hand to stop a cluster"
+)
+
+
 def _autoscaling(raw: Mapping[str, Any]) -> AutoscalingSpec:
     where = "spec.autoscaling"
     lo = _int(raw, "minTargets", where, defaults.MIN_TARGETS, minimum=0)
+    if lo < 1:
+        raise SpecError(MIN_TARGETS_MESSAGE)
     hi = _int(raw, "maxTargets", where, defaults.MAX_TARGETS, minimum=0)
     if lo > hi:
         raise SpecError(f"{where}: minTargets ({lo}) must be <= maxTargets ({hi})")
@@ -336,6 +347,7 @@ def _autoscaling(raw: Mapping[str, Any]) -> AutoscalingSpec:
         scale_in_occupancy=idle,
         saturated_occupancy=busy,
         tolerance=_fraction(raw, "tolerance", where, defaults.TOLERANCE),
+        scale_in_while_waiting=_bool(raw, "scaleInWhileWaiting", where),
         scale_up=_rules(raw, "scaleUp", defaults.SCALE_UP_WINDOW_SECONDS, defaults.SCALE_UP_MAX_STEP),
         scale_down=_rules(raw, "scaleDown", defaults.SCALE_DOWN_WINDOW_SECONDS, defaults.SCALE_DOWN_MAX_STEP),
         convergence_timeout_seconds=_int(

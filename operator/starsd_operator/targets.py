@@ -100,12 +100,13 @@ def statefulset(
 
 
 def headless_service(owner: Owner, pool: PoolSpec) -> dict[str, Any]:
-    """The StatefulSet's governing Service: a stable DNS name per target pod."""
+    """The StatefulSet's governing Service: a stable DNS name per target pod, and what Prometheus scrapes the
+    pool's pods through (``LABEL_SCRAPE``; the client Service selects the same pods and is not scraped)."""
     name = naming.pool_name(owner, pool.name)
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": naming.metadata(owner, name, c.COMPONENT_TARGET, pool.name),
+        "metadata": naming.scraped(naming.metadata(owner, name, c.COMPONENT_TARGET, pool.name)),
         "spec": {
             "clusterIP": "None",
             "selector": naming.selector_labels(owner, c.COMPONENT_TARGET, pool.name),

@@ -54,6 +54,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the liveness endpoint as a URL (http://0.0.0.0:PORT/healthz); overrides --liveness-port",
     )
     parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=defaults.OPERATOR_METRICS_PORT,
+        help="serve the operator's Prometheus metrics on http://0.0.0.0:PORT/metrics (0: not at all)",
+    )
+    parser.add_argument(
         "--interval",
         type=_seconds,
         default=5.0,
@@ -92,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         Options(
             namespace=args.namespace,
             liveness_port=port,
+            metrics_port=args.metrics_port,
             tick_interval=args.interval,
             load_timeout=args.load_timeout,
             allow_load_url_annotation=args.allow_load_url_annotation,

@@ -273,15 +273,23 @@ def test_service_monitors_scrape_each_draft_and_target_pod_once(render: Render) 
     assert draft["spec"]["endpoints"] == [
         {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
     ]
-    # Only the per-pool headless Services carry the pool label: the client Service would scrape twice.
+    # Only the headless Services carry the scrape label: the client Service (and the draft's ClusterIP one)
+    # would scrape each pod twice (tests/chart/test_chart_agrees_with_operator.py counts them).
     assert target["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "target"
-    assert target["spec"]["selector"]["matchExpressions"] == [{"key": "starsd.io/pool", "operator": "Exists"}]
+    assert target["spec"]["selector"]["matchLabels"]["starsd.io/scrape"] == "true"
+    assert draft["spec"]["selector"]["matchLabels"]["starsd.io/scrape"] == "true"
     assert target["spec"]["endpoints"][0]["port"] == "http"
+    operator = docs.one("ServiceMonitor", "-operator")
+    assert operator["spec"]["endpoints"][0]["port"] == "metrics"
+    assert operator["spec"]["namespaceSelector"] == {"matchNames": ["starsd-system"]}
 
 
 def test_service_monitors_follow_the_watched_namespace(render: Render) -> None:
     docs = render("custom-pools.yaml", sets=("serviceMonitor.enabled=true",))
     for monitor in docs.of_kind("ServiceMonitor"):
+        if monitor["metadata"]["name"].endswith("-operator"):  # the operator's own pods: the release's namespace
+            assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["starsd-system"]}
+            continue
         assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["inference"]}
 
 

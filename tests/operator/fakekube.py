@@ -22,20 +22,35 @@ class FakeKube:
         self.fail_delete: KubeError | None = None
         self.fail_get: KubeError | None = None
         self.got: list[tuple[str, str]] = []  # (kind, name) of every get
+        self.version = 0  # the last resourceVersion handed out
+
+    def _bump(self, obj: dict[str, Any]) -> None:
+        self.version += 1
+        obj["metadata"]["resourceVersion"] = str(self.version)
 
     def put(self, obj: Mapping[str, Any]) -> None:
         meta = obj["metadata"]
         self.objects[(obj["kind"], meta["namespace"], meta["name"])] = copy.deepcopy(dict(obj))
 
-    def apply(self, obj: Mapping[str, Any]) -> None:
+    def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Like server-side apply with force: the applied fields replace the stored ones, whatever else the
+        stored object holds stays; the resourceVersion moves only when something changed."""
         if self.fail_apply is not None:
             raise self.fail_apply
         key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
-        stored = copy.deepcopy(dict(obj))
-        if key in self.objects and "status" in self.objects[key]:
-            stored["status"] = self.objects[key]["status"]
+        old = self.objects.get(key)
+        stored = _merged(copy.deepcopy(old) if old else {}, copy.deepcopy(dict(obj)))
+        if old is None or _content(stored) != _content(old):
+            self._bump(stored)
         self.objects[key] = stored
         self.applied.append((obj["kind"], obj["metadata"]["name"]))
+        return copy.deepcopy(stored)
+
+    def edit(self, kind: str, namespace: str, name: str, change: Any) -> None:
+        """Someone else's write: ``change(obj)`` edits the stored object in place."""
+        obj = self.objects[(kind, namespace, name)]
+        change(obj)
+        self._bump(obj)
 
     def list(self, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
         if self.fail_list is not None:
@@ -74,9 +89,25 @@ class FakeKube:
             if kind in ("Deployment", "StatefulSet"):
                 n = obj["spec"]["replicas"]
                 obj["metadata"].setdefault("generation", 1)
+                self._bump(obj)
                 obj["status"] = {
                     "observedGeneration": obj["metadata"]["generation"],
                     "replicas": n,
                     "readyReplicas": n,
                     "updatedReplicas": n,
                 }
+
+
+def _merged(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``new``'s maps merged into ``old``'s, its other values replacing them (lists are replaced whole)."""
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(old.get(key), dict):
+            old[key] = _merged(old[key], value)
+        else:
+            old[key] = value
+    return old
+
+
+def _content(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "resourceVersion"}
+    return {**obj, "metadata": meta}

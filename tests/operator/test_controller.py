@@ -226,7 +226,7 @@ def test_a_repair_reports_what_it_created_again() -> None:
     kube, memory = reconciled(body)
     kube.delete("StatefulSet", "ml", "chat-target-l4")
     result = controller.tick(kube, body, CONFIG, memory, now=T0, fetch=under_loaded)
-    assert ("Normal", c.EVENT_CREATED, "created StatefulSet chat-target-l4") in reasons(result.events)
+    assert ("Normal", c.EVENT_REPAIRED, "StatefulSet chat-target-l4 was missing") in reasons(result.events)
 
 
 def test_reconcile_failures_are_remembered_for_the_status() -> None:
@@ -342,10 +342,12 @@ def test_the_rebalancer_raises_the_count_once_the_window_is_covered() -> None:
     for i in range(12):
         result = controller.tick(kube, body, OVERRIDABLE, memory, now=T0 + timedelta(seconds=5 * i), fetch=fetch)
         results.append(result)
-        # What the API server and kopf then do: the swap lands in the spec, the patch in the status.
+        # What the API server and kopf then do: the swap lands in the spec (a new generation), the patch in
+        # the status.
         body["status"].update(result.status_patch)
-        if kube.swaps:
+        if kube.swaps and body["spec"]["targets"]["replicas"] != kube.swaps[-1][1]:
             body["spec"]["targets"]["replicas"] = kube.swaps[-1][1]
+            body["metadata"]["generation"] += 1
     assert set(urls) == {LOAD_URL}
     changed = [r for r in results if r.events]
     assert len(changed) == 1 and kube.swaps == [(3, 7)]

@@ -268,3 +268,35 @@ def test_several_drafts_figures_are_refreshed_their_changes_written() -> None:
     assert churn.significant(old, drafts(ready=1))
     assert churn.significant(old, drafts(loads=[row, {"index": 1, "error": "connection refused"}]))
     assert churn.significant(old, drafts(loads=[row, {**row, "index": 1, "regime": "FullyLoaded"}]))
+
+
+def test_a_load_swinging_across_balanced_and_stabilizing_writes_about_once_a_minute() -> None:
+    """Every other reading argues for more targets (Stabilizing: the up window never holds it throughout), the
+    others for holding (Balanced): the reason flips every tick, the count never moves."""
+    body = autoscaled(scaleUp={"stabilizationWindowSeconds": 30})
+    config = Config(allow_load_url_annotation=True)
+    kube, memory = reconciled(body, config)
+    saturated, steady = reading(occupancy=0.9, waiting=4), reading(occupancy=0.5, waiting=0)
+    writes, reasons = 0, set()
+    for i in range(60):  # five minutes, one tick per 5 s
+        load = saturated if i % 2 else steady
+        now = T0 + timedelta(seconds=5 * i)
+        result = controller.tick(kube, body, config, memory, now=now, fetch=lambda _u, x=load: x)
+        reasons.add(result.decision_reason)
+        if result.status_patch:
+            writes += 1
+            merge(body["status"], result.status_patch)
+    assert {"Balanced", "Stabilizing"} <= reasons and kube.swaps == []
+    assert 5 <= writes <= 6, writes  # the first write, then one refresh a minute
+
+
+def test_the_rebalancers_holding_reasons_are_one_and_its_moves_are_real_changes() -> None:
+    def status(cond_status: str, reason: str) -> dict[str, Any]:
+        return {"conditions": [{"type": "Rebalancing", "status": cond_status, "reason": reason, "message": "m"}]}
+
+    assert not churn.significant(status("False", "Balanced"), status("False", "Stabilizing"))
+    assert not churn.significant(status("False", "AtBound"), status("False", "RateLimited"))
+    assert churn.significant(status("False", "Balanced"), status("True", "UnderLoaded"))
+    assert churn.significant(status("False", "Balanced"), status("False", "LoadUnavailable"))
+    ready = {"conditions": [{"type": "Ready", "status": "False", "reason": "Balanced"}]}
+    assert churn.significant(ready, {"conditions": [{"type": "Ready", "status": "False", "reason": "Stabilizing"}]})

@@ -119,6 +119,7 @@ def test_cel_rules_cover_the_cross_field_checks(schema: dict[str, Any]) -> None:
     rules = " ".join(r["rule"] for _, node in walk(schema) for r in node.get("x-kubernetes-validations", []))
     for needle in (
         "self.minTargets <= self.maxTargets",
+        "self.minTargets >= 1",
         "self.minReplicas <= self.maxReplicas",
         "self.exists_one(q, q.name == p.name)",
         "self.gamma >= 1 && self.gamma <= 16",

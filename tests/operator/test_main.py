@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 from typing import Any, cast
 
@@ -29,8 +30,8 @@ def test_handlers_are_registered_for_the_custom_resource() -> None:
         assert (h.selector.group, h.selector.version, h.selector.plural) == (c.GROUP, c.VERSION, c.PLURAL)
     [timer] = registry._spawning.get_all_handlers()
     assert timer.id == "tick" and timer.interval == 7  # type: ignore[attr-defined]
-    [login] = registry._activities.get_all_handlers()
-    assert login.fn is kopf.login_via_client
+    login, startup = registry._activities.get_all_handlers()
+    assert login.fn is kopf.login_via_client and startup.id == "startup"
 
 
 def test_spec_changes_only_trigger_the_update_handler() -> None:
@@ -121,21 +122,22 @@ def test_the_reconcile_handler_maps_errors_for_kopf(monkeypatch: pytest.MonkeyPa
     memo = kopf.Memo(kube=kube, config=Config())
     patch = kopf.Patch()
     logger = logging.getLogger("test")
-    handlers.reconcile(body=body(generation=4), patch=patch, memo=memo, logger=logger)
+    run = asyncio.run
+    run(handlers.reconcile(body=body(generation=4), patch=patch, memo=memo, logger=logger))
     assert patch["status"] == {
         "observedGeneration": 4,
         "images": {"draft": "starsd/draft:0.1.0", "target": "starsd/target:0.1.0"},  # pinned (imagepolicy.py)
     }
     assert posted and set(posted) == {("Normal", c.EVENT_CREATED)}
-    assert isinstance(memo[handlers.MEMORY_KEY], Memory)
+    assert isinstance(handlers.clusters(memo).memory(("ml", "chat")), Memory)
     with pytest.raises(kopf.PermanentError, match="invalid spec"):
-        handlers.reconcile(body=body(f.spec(pools=[])), patch=kopf.Patch(), memo=memo, logger=logger)
+        run(handlers.reconcile(body=body(f.spec(pools=[]), generation=5), patch=kopf.Patch(), memo=memo, logger=logger))
     kube.fail_apply = handlers.KubeError(500, "etcd is down")
     with pytest.raises(kopf.TemporaryError, match="etcd is down"):
-        handlers.reconcile(body=body(), patch=kopf.Patch(), memo=memo, logger=logger)
+        run(handlers.reconcile(body=body(generation=6), patch=kopf.Patch(), memo=memo, logger=logger))
     kube.fail_apply = handlers.KubeError(422, "invalid quantity")
     with pytest.raises(kopf.PermanentError, match="invalid quantity"):
-        handlers.reconcile(body=body(), patch=kopf.Patch(), memo=memo, logger=logger)
+        run(handlers.reconcile(body=body(generation=7), patch=kopf.Patch(), memo=memo, logger=logger))
 
 
 def test_successful_ticks_are_not_logged() -> None:
@@ -147,6 +149,10 @@ def test_successful_ticks_are_not_logged() -> None:
     assert not quiet.filter(record("Timer 'tick' succeeded."))
     assert quiet.filter(record("Handler 'reconcile' succeeded."))
     assert quiet.filter(record("Timer 'tick' failed with an exception. Will retry."))
+    assert not quiet.filter(record("Indexer 'watched_pods' succeeded."))
+    assert not quiet.filter(record("Handler 'changed_services' succeeded."))
+    assert not quiet.filter(record("Handler 'seen' succeeded."))
+    assert quiet.filter(record("Handler 'changed_services' failed with an exception. Will retry."))
 
 
 def test_starsd_operator_help_lists_the_flags(capsys: pytest.CaptureFixture[str]) -> None:

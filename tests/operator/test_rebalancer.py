@@ -471,3 +471,21 @@ def test_n_star_falls_back_to_the_system_model() -> None:
 def test_malformed_load_is_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         Load.from_json(bad)
+
+
+def test_a_saturated_draft_keeps_targets_that_have_requests_waiting() -> None:
+    """recommend(n=8, utilisation .95, queue 3, waiting 50, occupancy 1.0) held: those clients need the targets."""
+    reading = load(0.95, occupancy=1.0, waiting=50, queue=3, n_star=4, regime="FullyLoaded")
+    rec = rb.recommend(POLICY, 8, reading)
+    assert (rec.replicas, rec.reason) == (8, rb.BALANCED)
+    assert "50 requests wait at the targets" in rec.why and "scaleInWhileWaiting" in rec.why
+    run = Run(POLICY, replicas=8, trace=steady(reading), settle=1).go(120)
+    assert run.changed == []
+
+
+def test_a_saturated_draft_removes_waiting_targets_only_when_the_user_opts_in() -> None:
+    reading = load(0.95, occupancy=1.0, waiting=50, queue=3, n_star=4, regime="FullyLoaded")
+    opted = replace(POLICY, scale_in_while_waiting=True)
+    assert rb.recommend(opted, 8, reading) == rb.Recommendation(4, rb.SATURATED, rb.recommend(opted, 8, reading).why)
+    run = Run(opted, replicas=8, trace=steady(reading), settle=1).go(120)
+    assert [(d.previous, d.replicas) for d in run.changed] == [(8, 6), (6, 4)]

@@ -363,3 +363,34 @@ def test_the_statefulset_carries_its_partition_min_ready_and_a_hash_that_only_th
     assert hash_of(build(moved)) != hash_of(base)
     imaged = parse(f.spec(target={"model": {"path": "/m"}, "image": "r/t:2", "rollout": {"minReadySeconds": 15}}))
     assert hash_of(build(imaged)) != hash_of(base)
+
+
+def unschedulable(pool: str, ordinal: int, revision: str, *, since: float) -> dict[str, Any]:
+    """A Pending pod the scheduler cannot place (no node matches; the cluster autoscaler may add one)."""
+    message = "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."
+    return {
+        "metadata": {
+            "name": f"chat-target-{pool}-{ordinal}",
+            "labels": {rollout.REVISION_LABEL: revision},
+            "creationTimestamp": ts(since),
+        },
+        "status": {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}],
+        },
+    }
+
+
+def test_an_unschedulable_updated_pod_waits_within_the_deadline_and_halts_past_it() -> None:
+    rolling = sts("h100", 2, applied=NEW, update="r2", partition=1)
+    waiting = [pod("h100", 0, "r1"), unschedulable("h100", 1, "r2", since=120)]
+    plan = rollout.plan([view("h100", 2, rolling, waiting, previous_state=ROLLING)], TIMING)
+    assert states(plan) == [("h100", ROLLING, 1)]
+    assert "pod chat-target-h100-1 waits to be scheduled (120s of the 600s deadline)" in plan[0].message
+    assert rollout.transitions({"h100": ROLLING}, plan) == []  # no Warning while it waits
+    late = [pod("h100", 0, "r1"), unschedulable("h100", 1, "r2", since=601)]
+    plan = rollout.plan([view("h100", 2, rolling, late, previous_state=ROLLING)], TIMING)
+    assert states(plan) == [("h100", HALTED, 2)]
+    assert "not ready for 601s (deadline 600s): pod chat-target-h100-1 cannot be scheduled" in plan[0].message
+    [warning] = rollout.transitions({"h100": ROLLING}, plan)
+    assert warning.type == "Warning"

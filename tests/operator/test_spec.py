@@ -119,3 +119,11 @@ def test_the_draft_count_and_its_bounds() -> None:
     assert (parsed.autoscaling.min_drafts, parsed.autoscaling.max_drafts) == (2, 4)
     # Without autoscaling the bounds do not constrain the count (as minTargets/maxTargets).
     assert parse(f.spec(draft={"model": {"path": "/d"}, "replicas": 5})).draft.replicas == 5
+
+
+def test_min_targets_zero_is_refused_with_why() -> None:
+    from starsd_operator import spec as specmod
+
+    raw = f.spec(autoscaling={"enabled": True, "minTargets": 0, "maxTargets": 4})
+    with pytest.raises(specmod.SpecError, match="minTargets must be at least 1: with no target, nothing reports"):
+        specmod.parse(raw)
