@@ -69,37 +69,56 @@ def sample_completions(
     batch: int = 512,
     proposal_top_k: int = defaults.PROPOSAL_TOP_K,
 ) -> Completions:
-    """``max_tokens`` tokens for each request seed (EOS ignored: a token like any other)."""
-    drafter, verifier = DraftRunner(draft), TargetRunner(target)
+    """``max_tokens`` tokens after ``prompt`` for each request seed (EOS ignored: a token like any other)."""
+    return run_completions(
+        draft, target, [prompt] * len(seeds), max_tokens, gamma, decoding, list(seeds), batch, proposal_top_k
+    )
+
+
+def run_completions(
+    draft: LoadedModel | None,
+    target: LoadedModel,
+    prompts: list[list[int]],
+    max_tokens: int,
+    gamma: int,
+    decoding: Decoding,
+    seeds: list[int | None],
+    batch: int = 512,
+    proposal_top_k: int = defaults.PROPOSAL_TOP_K,
+) -> Completions:
+    """``max_tokens`` tokens for each ``(prompt, seed)``, ``batch`` completions per step (without a draft, or
+    with ``gamma`` 0: the target decoding alone, one token per round)."""
+    drafter, verifier = (DraftRunner(draft) if draft is not None else None), TargetRunner(target)
     rules = RequestControls(ignore_eos=True, top_k=decoding.top_k).rules(target.eos_token_id)
     params = decoding.params
     out = Completions(tokens=[])
-    for start in range(seeds.start, seeds.stop, batch):
-        chunk = [request_seed(s) for s in range(start, min(start + batch, seeds.stop))]
-        sessions = [verifier.new_session(prompt) for _ in chunk]
-        states = [drafter.new_state(seed) for seed in chunk]
+    for start in range(0, len(prompts), batch):
+        chunk = [request_seed(s) for s in seeds[start : start + batch]]
+        texts = prompts[start : start + batch]
+        sessions = [verifier.new_session(p) for p in texts]
+        states = [drafter.new_state(seed) for seed in chunk] if drafter is not None else []
         generators = [target_generator(seed, target.device) for seed in chunk]
         generated: list[list[int]] = [[] for _ in chunk]
-        unsent = [list(prompt) for _ in chunk]  # committed tokens the draft has not been told yet
+        unsent = [list(p) for p in texts]  # committed tokens the draft has not been told yet
         first: list[tuple[int, int] | None] = [None] * len(chunk)
         while True:
             live = [b for b in range(len(chunk)) if len(generated[b]) < max_tokens]
             if not live:
                 break
             gammas = {b: min(gamma, max_tokens - len(generated[b]) - 1) for b in live}
-            asking = [b for b in live if gammas[b] > 0]
+            asking = [b for b in live if gammas[b] > 0] if drafter is not None else []
             requests = [DraftRequest(states[b], unsent[b], gammas[b], params, proposal_top_k) for b in asking]
-            proposals = dict(zip(asking, drafter.propose_batch(requests), strict=True)) if requests else {}
+            proposals = dict(zip(asking, drafter.propose_batch(requests), strict=True)) if drafter and requests else {}
             for b in asking:
                 unsent[b] = []
             rows = []
             for b in live:
                 p = proposals.get(b)
                 drafts = p.token_ids if p is not None else []
-                row = StepRow(sessions[b], list(drafts), params, generators[b])
+                row = StepRow(sessions[b], list(drafts), params, None if params.greedy else generators[b])
                 if p is not None:
                     row.q_ids, row.q_probs = p.q_ids, p.q_probs
-                row.process = round_processor(rules, prompt, generated[b], row.drafts)
+                row.process = round_processor(rules, texts[b], generated[b], row.drafts)
                 rows.append(row)
             for b, row, outcome in zip(live, rows, verifier.step(rows), strict=True):
                 if first[b] is None:
