@@ -220,7 +220,11 @@ def test_malformed_requests_are_invalid_argument(fields: dict, message: str) -> 
 
 
 def test_a_release_needs_no_proposal_fields() -> None:
-    validate_request(_req(release=True, gamma=0, tokens=[]), vocab_size=100, max_gamma=16, max_context=64)
+    assert (
+        validate_request(_req(release=True, gamma=0, tokens=[]), vocab_size=100, max_gamma=16, max_context=64) is None
+    )
+    with pytest.raises(SessionError, match="gamma"):  # the same fields on a proposal request are refused
+        validate_request(_req(release=False, gamma=0, tokens=[]), vocab_size=100, max_gamma=16, max_context=64)
 
 
 def test_load_reports_utilisation_means_and_demand_over_the_window() -> None:
