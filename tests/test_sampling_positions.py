@@ -18,9 +18,10 @@ Statistics, for every test here (``SAMPLES`` = 8,192 completions, bins as in
   is a shift of 0.014 of probability between two bins of mass 0.1 at any one position (0.010 between bins of
   0.05, 0.017 between bins of 0.3 and 0.1), averaged over the completions;
 * each test has a negative control: the same check with a verifier bug injected into the pure verification
-  function (:func:`starsd.sampling.verify_batch` as the target's runner calls it) must fail. Measured at 4,096
-  completions (half of ``SAMPLES``): skipping the residual at position 2 gives chi-square 249 (limit 30), at
-  position 4 63; reusing position 1's uniform at position 2 gives 50 to 90.
+  function (:func:`starsd.sampling.verify_batch` as the target's runner calls it) must fail at the bug's
+  position. Measured (chi-square at the bug's position, limit 30.4; the correct runs' largest is 12.2):
+  skipping the residual at position 2 (gamma 2, T 1.0) 478; reusing position 1's uniform at position 2
+  (gamma 2, T 0.7) 112 and (gamma 4, T 1.0) 200; skipping the residual at position 4 (gamma 4, T 0.7) 96.
 """
 
 from __future__ import annotations
