@@ -8,10 +8,18 @@ from starsd.adaptive import AcceptanceEstimate, choose_gamma, ewma, session_thro
 from starsd.system_model import throughput
 
 
+def by_hand(gamma: int, alpha: float, token_time: float, tp: float, tc: float, sessions: int) -> float:
+    """One session's tokens per second from DESIGN.md section 2 written out (no starsd code): a round commits
+    ``E[l] + 1 = sum_{k=0..gamma} alpha^k`` tokens and lasts ``max(C, N * Tq)``, ``Tq = gamma * token_time``."""
+    tq = gamma * token_time
+    return sum(alpha**k for k in range(gamma + 1)) / max(tq + tp + 2 * tc, sessions * tq)
+
+
 def test_the_policy_objective_is_the_system_model_per_session() -> None:
     for n in (1, 4, 32):
         for gamma in (1, 4, 8):
             per_session = session_throughput(gamma, 0.7, 0.001, 0.03, 0.002, n)
+            assert per_session == pytest.approx(by_hand(gamma, 0.7, 0.001, 0.03, 0.002, n))
             assert per_session * n == pytest.approx(throughput(n, gamma * 0.001, 0.03, 0.002, gamma, alpha=0.7))
 
 
@@ -34,8 +42,9 @@ def test_poor_acceptance_gets_shorter_proposals() -> None:
 def test_the_choice_is_the_best_gamma_by_exhaustive_comparison() -> None:
     args = dict(alpha=0.75, token_time=0.003, tp=0.025, tc=0.002, sessions=6)
     chosen = choose_gamma(max_gamma=10, **args)  # type: ignore[arg-type]
-    values = {g: session_throughput(g, 0.75, 0.003, 0.025, 0.002, 6) for g in range(1, 11)}
-    assert values[chosen] == max(values.values())
+    values = {g: by_hand(g, 0.75, 0.003, 0.025, 0.002, 6) for g in range(1, 11)}
+    assert values[chosen] == pytest.approx(max(values.values()))
+    assert chosen == min(g for g, v in values.items() if v == pytest.approx(max(values.values())))  # smaller on ties
 
 
 def test_no_measurement_keeps_the_configured_gamma() -> None:

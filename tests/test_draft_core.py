@@ -139,15 +139,26 @@ def test_a_batch_waits_for_the_rest_of_an_announced_burst() -> None:
     assert buf.announced == 0
 
 
+def _take_in_thread(buf: RequestBuffer[int], **kw: float) -> list[int]:
+    """``buf.take(8, **kw)`` on another thread; fails if it has not returned within a minute (a take that waits
+    for its gathering bound of an hour instead of going at once)."""
+    out: list[list[int]] = []
+    worker = threading.Thread(target=lambda: out.append(buf.take(8, **kw)), daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert out, "the batch waited for requests that nobody announced"
+    return out[0]
+
+
 def test_without_an_announcement_or_with_gather_off_a_batch_goes_at_once() -> None:
     buf: RequestBuffer[int] = RequestBuffer()
     buf.put("t", 0)
-    _arrive_later(buf, "t", [1], delay=0.2)
-    assert buf.take(8, timeout=5, gather=30.0) == [0]  # nothing announced
+    assert _take_in_thread(buf, timeout=5, gather=3600.0) == [0]  # nothing announced
+    buf.put("t", 1)
     assert buf.take(8, timeout=5) == [1]
     buf.announce("t", 1)
     buf.put("t", 2)
-    assert buf.take(8, timeout=5, gather=0.0) == [2]  # announced, but this draft does not gather
+    assert _take_in_thread(buf, timeout=5, gather=0.0) == [2]  # announced, but this draft does not gather
 
 
 def test_gathering_stops_at_its_bound_and_when_the_target_is_gone() -> None:
@@ -209,7 +220,11 @@ def test_malformed_requests_are_invalid_argument(fields: dict, message: str) -> 
 
 
 def test_a_release_needs_no_proposal_fields() -> None:
-    validate_request(_req(release=True, gamma=0, tokens=[]), vocab_size=100, max_gamma=16, max_context=64)
+    assert (
+        validate_request(_req(release=True, gamma=0, tokens=[]), vocab_size=100, max_gamma=16, max_context=64) is None
+    )
+    with pytest.raises(SessionError, match="gamma"):  # the same fields on a proposal request are refused
+        validate_request(_req(release=False, gamma=0, tokens=[]), vocab_size=100, max_gamma=16, max_context=64)
 
 
 def test_load_reports_utilisation_means_and_demand_over_the_window() -> None:
@@ -274,23 +289,59 @@ def test_the_draft_command_refuses_a_bad_batch_curve(capsys: pytest.CaptureFixtu
         assert says in capsys.readouterr().err, bad
 
 
+class HeldProposer:
+    """An emulated draft whose requests take ``service`` seconds of a fake clock, each held until released.
+
+    ``started`` is set when a batch begins; the batch then waits for ``release`` and advances the clock by
+    ``service`` per request: queue and service times come out exactly, whatever the machine's load.
+    """
+
+    def __init__(self, clock: Clock, service: float) -> None:
+        from starsd.draft.proposers import EmulatedProposer
+
+        self.inner = EmulatedProposer(0.0, vocab_size=100)
+        self.info = self.inner.info
+        self.clock, self.service = clock, service
+        self.started, self.release = threading.Event(), threading.Event()
+        self.calls = 0
+
+    def new_state(self, seed):  # type: ignore[no-untyped-def]
+        return None
+
+    def propose_batch(self, batch):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        self.started.set()
+        assert self.release.wait(timeout=60), "never released"
+        self.clock.now += self.service * len(batch)
+        return self.inner.propose_batch(batch)
+
+    def check(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def test_answers_say_how_long_each_request_queued() -> None:
     """Two sessions ask at once of a draft that takes 50 ms per request: the second waits for the first."""
     import asyncio
 
     from starsd.draft.core import DraftConfig, DraftCore
-    from starsd.draft.proposers import EmulatedProposer
+
+    clock = Clock()
+    proposer = HeldProposer(clock, 0.05)
 
     async def scenario() -> list[pb.ProposeResponse]:
-        core = DraftCore(EmulatedProposer(0.05, vocab_size=100), DraftConfig(max_batch=1))
+        core = DraftCore(proposer, DraftConfig(max_batch=1), clock=clock)  # type: ignore[arg-type]
         core.start()
         try:
             stream = core.open_stream(asyncio.get_running_loop())
             for session in (1, 2):
                 core.submit(stream, pb.ProposeRequest(target_id="t", session_id=session, seq=1, tokens=[1], gamma=2))
+            proposer.release.set()  # both are queued at the same instant of the fake clock
             answers = []
             for _ in range(2):
-                answer = await asyncio.wait_for(stream.outgoing.get(), 5)
+                answer = await asyncio.wait_for(stream.outgoing.get(), 60)
                 assert answer is not None
                 answers.append(answer)
             return answers
@@ -298,9 +349,9 @@ def test_answers_say_how_long_each_request_queued() -> None:
             core.stop()
 
     first, second = asyncio.run(scenario())
-    assert first.queue_seconds < 0.02
-    assert 0.04 < second.queue_seconds < 0.5
-    assert second.service_seconds == pytest.approx(0.05, abs=0.02)
+    assert first.queue_seconds == 0.0
+    assert second.queue_seconds == pytest.approx(0.05)
+    assert first.service_seconds == pytest.approx(0.05) and second.service_seconds == pytest.approx(0.05)
 
 
 def test_discard_removes_a_gone_targets_items_under_both_policies() -> None:
@@ -319,30 +370,26 @@ def test_a_disconnected_targets_queued_requests_are_not_computed() -> None:
     import asyncio
 
     from starsd.draft.core import DraftConfig, DraftCore
-    from starsd.draft.proposers import EmulatedProposer
 
-    class Counting(EmulatedProposer):
-        calls = 0
-
-        def propose_batch(self, batch):  # type: ignore[no-untyped-def]
-            Counting.calls += 1
-            return super().propose_batch(batch)
+    proposer = HeldProposer(Clock(), 0.05)
 
     async def scenario() -> tuple[DraftCore, int]:
-        core = DraftCore(Counting(0.05, vocab_size=100), DraftConfig(max_batch=1))
+        core = DraftCore(proposer, DraftConfig(max_batch=1))  # type: ignore[arg-type]
         core.start()
         try:
             stream = core.open_stream(asyncio.get_running_loop())
             for session in range(1, 9):
                 core.submit(stream, pb.ProposeRequest(target_id="t", session_id=session, seq=1, tokens=[1], gamma=2))
-            await asyncio.sleep(0.02)  # the first request is being drafted
+            started = await asyncio.get_running_loop().run_in_executor(None, proposer.started.wait, 60)
+            assert started  # the first request is being drafted, the other seven wait in the buffer
             core.close_stream(stream)
-            await asyncio.sleep(0.2)
-            return core, len(core.buffer)
+            waiting = len(core.buffer)
+            proposer.release.set()
+            return core, waiting
         finally:
-            core.stop()
+            core.stop()  # joins the compute thread: whatever it would still compute, it has computed
 
     core, waiting = asyncio.run(scenario())
     assert waiting == 0
-    assert Counting.calls <= 2  # the one in flight (and at most one taken before the close)
-    assert core.metrics.dropped._value.get() >= 6
+    assert proposer.calls == 1  # the one in flight only
+    assert core.metrics.dropped._value.get() == 7

@@ -60,12 +60,20 @@ def test_option_reports_the_busiest_draft_and_the_cost() -> None:
     assert light.utilization == pytest.approx(2 * 0.004 / 0.026)
 
 
-def _brute_force(gpus: int, draft_cost: float, target_cost: float) -> list[system_model.StarOption]:
-    return [
-        system_model.star_option(d, n, draft_cost=draft_cost, target_cost=target_cost, **TIMES)
-        for d in range(1, gpus)
-        for n in range(1, gpus - d + 1)
-    ]
+def _by_hand(drafts: int, targets: int, draft_cost: float, target_cost: float) -> tuple[float, float]:
+    """(throughput, throughput per cost) of a star, from DESIGN.md section 2 written out here (no system_model):
+    the targets spread evenly over the drafts, each draft's share k committing k * (E[l] + 1) / max(C, k * Tq)."""
+    tq, tp, tc, gamma, alpha = TIMES["tq"], TIMES["tp"], TIMES["tc"], int(TIMES["gamma"]), TIMES["alpha"]
+    tokens_per_round = sum(alpha**k for k in range(gamma + 1))  # E[l] + 1 with a constant acceptance
+    cycle = tq + tp + 2 * tc
+    shares = [targets // drafts + (1 if i < targets % drafts else 0) for i in range(drafts)]
+    total = sum(k * tokens_per_round / max(cycle, k * tq) for k in shares if k)
+    return total, total / (drafts * draft_cost + targets * target_cost)
+
+
+def _brute_force(gpus: int, draft_cost: float, target_cost: float) -> list[tuple[int, int, float, float]]:
+    """Every star within ``gpus`` accelerators: (drafts, targets, throughput, throughput per cost)."""
+    return [(d, n, *_by_hand(d, n, draft_cost, target_cost)) for d in range(1, gpus) for n in range(1, gpus - d + 1)]
 
 
 @pytest.mark.parametrize(("gpus", "draft_cost", "target_cost"), [(16, 1, 1), (16, 10, 1), (16, 1, 10), (9, 0.5, 2)])
@@ -73,11 +81,11 @@ def test_best_star_is_the_best_option_within_the_gpus(gpus: int, draft_cost: flo
     plan = system_model.best_star(gpus, draft_cost=draft_cost, target_cost=target_cost, **TIMES)
     options = _brute_force(gpus, draft_cost, target_cost)
     assert plan.best_throughput.gpus <= gpus and plan.best_per_cost.gpus <= gpus
-    assert plan.best_throughput.throughput == pytest.approx(max(o.throughput for o in options))
-    assert plan.best_per_cost.throughput_per_cost == pytest.approx(max(o.throughput_per_cost for o in options))
+    assert plan.best_throughput.throughput == pytest.approx(max(o[2] for o in options))
+    assert plan.best_per_cost.throughput_per_cost == pytest.approx(max(o[3] for o in options))
     assert [o.drafts for o in plan.by_drafts] == list(range(1, gpus))
     for row in plan.by_drafts:
-        same_d = [o.throughput for o in options if o.drafts == row.drafts]
+        same_d = [o[2] for o in options if o[0] == row.drafts]
         assert row.throughput == pytest.approx(max(same_d))
 
 

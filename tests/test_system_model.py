@@ -355,11 +355,16 @@ def test_plan_marks_n_star_and_matches_the_pointwise_functions() -> None:
     rows = system_model.plan(TQ, TP, TC, 4, alpha=0.8)
     assert [r.n for r in rows] == list(range(1, 15))  # max(8, 2 * N*) with N* = 7
     assert [r.n for r in rows if r.optimal] == [7]
+    tokens, cycle = sum(0.8**k for k in range(5)), TQ + TP + 2 * TC  # E[l] + 1 and C, by hand (DESIGN.md 2)
     for r in rows:
         assert r.throughput == pytest.approx(system_model.throughput(r.n, TQ, TP, TC, 4, alpha=0.8))
+        assert r.throughput == pytest.approx(r.n * tokens / max(cycle, r.n * TQ))
         assert r.utilization == pytest.approx(system_model.utilization(r.n, TQ, TP, TC))
+        assert r.utilization == pytest.approx(min(1.0, r.n * TQ / cycle))
         assert r.regime == system_model.regime(r.n, TQ, TP, TC)
+        assert r.regime.value == ("UnderLoaded" if r.n * TQ < cycle else "FullyLoaded")
         assert r.latency_per_token == pytest.approx(system_model.per_target_latency(r.n, TQ, TP, TC, 4, alpha=0.8))
+        assert r.latency_per_token == pytest.approx(max(cycle, r.n * TQ) / tokens)
         assert r.per_target_throughput * r.n == pytest.approx(r.throughput)
         assert r.batch == 1
     assert rows[0].to_dict()["regime"] == "UnderLoaded"

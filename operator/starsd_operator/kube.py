@@ -218,6 +218,9 @@ class Watched:
     def delete(self, kind: str, namespace: str, name: str) -> None:
         self._api.delete(kind, namespace, name)
 
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._api.get(kind, namespace, name)  # by name: the API key's Secret, never watched
+
     def swap_replicas(self, namespace: str, name: str, expected: int, new: int) -> bool:
         return self._api.swap_replicas(namespace, name, expected, new)
 

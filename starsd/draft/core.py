@@ -12,6 +12,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -116,8 +117,16 @@ def sampling_params(req: pb.ProposeRequest) -> SamplingParams:
 class DraftCore:
     """Sessions, the request buffer, the compute thread and the load measurements of one draft."""
 
-    def __init__(self, proposer: Proposer, config: DraftConfig, metrics: DraftMetrics | None = None) -> None:
+    def __init__(
+        self,
+        proposer: Proposer,
+        config: DraftConfig,
+        metrics: DraftMetrics | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        """``clock``: seconds, for the queue and service times answers report (tests pass a fake one)."""
         self.proposer = proposer
+        self.clock = clock
         self.config = config
         self.metrics = metrics or DraftMetrics()
         self.sessions = SessionStore(config.max_sessions, config.idle_timeout)
@@ -203,7 +212,7 @@ class DraftCore:
         session.busy = True
         stream.pending += 1
         self.metrics.sessions.set(len(self.sessions))
-        work = Work(stream, session, req, params, req.top_k or DEFAULT_TOP_K, time.perf_counter())
+        work = Work(stream, session, req, params, req.top_k or DEFAULT_TOP_K, self.clock())
         self.buffer.put(req.target_id, work)
         self.metrics.queue_depth.set(len(self.buffer))
 
@@ -226,7 +235,7 @@ class DraftCore:
                 self._failed_in_thread(exc, self._loop)
 
     def _compute(self, batch: list[Work]) -> None:
-        start = time.perf_counter()
+        start = self.clock()
         requests = [
             ProposalRequest(w.session.state, list(w.request.tokens), int(w.request.gamma), w.params, w.top_k)
             for w in batch
@@ -239,7 +248,7 @@ class DraftCore:
         except Exception as exc:  # a failing batch must not stop the draft: answer each request's error
             log.exception("drafting failed for a batch of %d", len(batch))
             proposals = [exc] * len(batch)
-        end = time.perf_counter()
+        end = self.clock()
         # Everything else happens on the event loop, so this thread goes straight to the next request.
         batch[0].stream.loop.call_soon_threadsafe(self._finish, batch, proposals, start, end)
 

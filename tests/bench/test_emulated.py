@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import Counter
 from collections.abc import AsyncIterator
 
 import grpc
@@ -29,10 +30,19 @@ VOCAB = 1000
 
 
 class RecordingDraft(pb_grpc.DraftServicer):
-    """Answers each request at once with ids that name it (seq*100 + position); records every request."""
+    """Answers each request at once with ids that name it (seq*100 + position); records every request, and sets
+    ``enough`` once every one of ``targets`` targets has sent ``per_target`` requests."""
 
-    def __init__(self) -> None:
+    def __init__(self, targets: int = 1, per_target: int = 40) -> None:
         self.requests: list[pb.ProposeRequest] = []
+        self.targets, self.per_target = targets, per_target
+        self.enough = asyncio.Event()
+
+    def _record(self, req: pb.ProposeRequest) -> None:
+        self.requests.append(req)
+        counts = Counter(r.target_id for r in self.requests)
+        if len(counts) >= self.targets and min(counts.values()) >= self.per_target:
+            self.enough.set()
 
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:
         return pb.InfoResponse(model_name="fake", vocab_size=VOCAB, vocab_fingerprint="fake", max_gamma=16)
@@ -41,7 +51,7 @@ class RecordingDraft(pb_grpc.DraftServicer):
         self, request_iterator: AsyncIterator[pb.ProposeRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ProposeResponse]:
         async for req in request_iterator:
-            self.requests.append(req)
+            self._record(req)
             if req.release:
                 continue
             yield pb.ProposeResponse(
@@ -53,9 +63,8 @@ class RecordingDraft(pb_grpc.DraftServicer):
             )
 
 
-async def run_targets(
-    draft: RecordingDraft, spec: TargetSpec, n: int, seconds: float
-) -> tuple[RecordingDraft, list[EmulatedTarget]]:
+async def run_targets(draft: RecordingDraft, spec: TargetSpec, n: int) -> tuple[RecordingDraft, list[EmulatedTarget]]:
+    """Run ``n`` emulated targets against ``draft`` until it has seen enough of each (no wall-clock duration)."""
     server = grpc.aio.server()
     pb_grpc.add_DraftServicer_to_server(draft, server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -68,7 +77,10 @@ async def run_targets(
         await asyncio.gather(*(t.connect(10.0) for t in targets))
         stop = asyncio.Event()
         tasks = [asyncio.create_task(t.run(stop)) for t in targets]
-        await asyncio.sleep(seconds)
+        # Until the draft has seen enough, or every target has ended on its own (a bound for liveness only).
+        enough, ended = asyncio.ensure_future(draft.enough.wait()), asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.wait([enough, ended], timeout=120, return_when=asyncio.FIRST_COMPLETED)
+        enough.cancel()
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
     finally:
@@ -86,7 +98,7 @@ def test_targets_follow_the_wire_protocol() -> None:
         prompt_tokens=7,
         session_tokens=40,
     )
-    draft, targets = asyncio.run(run_targets(RecordingDraft(), spec, n=3, seconds=0.6))
+    draft, targets = asyncio.run(run_targets(RecordingDraft(targets=3, per_target=30), spec, n=3))
     for target in targets:
         run = target.run_record
         assert run.error is None
@@ -126,7 +138,7 @@ def test_an_adaptive_target_chooses_gamma_per_round_within_its_bound() -> None:
     spec = TargetSpec(
         gamma=8, betas=(0.3,) * 8, verify_seconds=0.001, wire_seconds=0.0, vocab_size=VOCAB, adaptive=True
     )
-    draft, targets = asyncio.run(run_targets(RecordingDraft(), spec, n=1, seconds=0.5))
+    draft, targets = asyncio.run(run_targets(RecordingDraft(targets=1, per_target=40), spec, n=1))
     gammas = [r.gamma for r in draft.requests if not r.release]
     assert len(gammas) > 10 and all(1 <= g <= 8 for g in gammas)
     assert min(gammas) < 8  # a low acceptance with a cheap verify: shorter drafts pay
@@ -172,7 +184,7 @@ def test_a_target_reports_a_draft_error_instead_of_hanging() -> None:
                 )
 
     spec = TargetSpec(gamma=2, betas=(0.5, 0.5), verify_seconds=0.0, wire_seconds=0.0, vocab_size=VOCAB)
-    _, (target,) = asyncio.run(run_targets(Failing(), spec, n=1, seconds=0.2))
+    _, (target,) = asyncio.run(run_targets(Failing(), spec, n=1))
     assert target.run_record.error is not None and "without the draft" in target.run_record.error
 
 

@@ -6,12 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import pytest
 import yaml
+from starsd_operator import constants
 
 from .conftest import CHART, Rendered
-
-constants = pytest.importorskip("starsd_operator.constants", reason="the operator package is not installed")
 
 
 def test_default_images_agree() -> None:

@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
 
 from starsd.local import LocalStar, http_json
-from tests.integration.conftest import PROMPTS, Reference
+from tests.integration.conftest import PROMPTS, Reference, start_star
 
 MAX_TOKENS = 32
+DRAFT_TIMEOUT = 120.0  # seconds: every round waits for its draft, however loaded the machine
+
+
+@pytest.fixture(scope="module")
+def star1(shipped_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStar]:
+    """One draft and one target whose rounds never give up on the draft: ``fallback_tokens == 0`` below is then
+    a property of the code, not of how fast this machine answers within the default deadline."""
+    star = start_star(
+        shipped_pair, 1, tmp_path_factory.mktemp("star1-greedy"), target_args=["--draft-timeout", str(DRAFT_TIMEOUT)]
+    )
+    try:
+        yield star
+    finally:
+        star.stop()
 
 
 def complete(url: str, prompt: str | list[int], **kw: object) -> dict:

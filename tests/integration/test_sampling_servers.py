@@ -14,6 +14,8 @@ from starsd.local import LocalStar, http_json
 from starsd.tiny import write_random_pair
 from tests.integration.conftest import start_star
 from tests.stats import chi2_statistic, fits
+from tests.support.gqa import write_gqa_pair
+from tests.support.speculation import Decoding, PositionResult, binned, float64_model, position_tests
 
 PROMPT = "def __init__(self"
 TEMPERATURE = 1.0
@@ -102,3 +104,58 @@ def test_seed_zero_is_a_seed(star4: LocalStar) -> None:
     runs = [http_json(f"{star4.urls[i % 4]}/v1/completions", body)[1] for i in range(3)]
     assert all(r["starsd"]["drafted_tokens"] > 0 for r in runs)
     assert runs[0]["choices"][0]["text"] == runs[1]["choices"][0]["text"] == runs[2]["choices"][0]["text"]
+
+
+# --- every position of a gamma = 4 round, through HTTP -----------------------------------------------------
+
+HTTP_GAMMA = 4
+HTTP_SAMPLES = 4000  # completions of gamma + 1 tokens: chi-square per position at p = 1e-4, as below
+HTTP_DECODING = Decoding(temperature=0.7, top_p=0.9, top_k=12)
+
+
+@pytest.fixture(scope="module")
+def gqa_star(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStar]:
+    """One draft and two targets serving the small-vocabulary grouped-query pair, gamma 4."""
+    pair = write_gqa_pair(tmp_path_factory.mktemp("gqa"), seed=0, draft_noise=0.1)
+    star = start_star((pair.draft, pair.target), 2, tmp_path_factory.mktemp("gqa-star"), gamma=HTTP_GAMMA)
+    try:
+        yield star
+    finally:
+        star.stop()
+
+
+def test_every_position_of_a_gamma_4_round_follows_the_target_through_http(gqa_star: LocalStar) -> None:
+    """``HTTP_SAMPLES`` seeded completions of gamma + 1 tokens (top-p, top-k, temperature 0.7) from two targets,
+    each position's token held to the target's exact float64 conditional given its prefix (the check of
+    tests/test_sampling_positions.py).
+
+    Power: at 4,000 completions a shift of 0.021 of probability between two bins of mass 0.1 at one position is
+    caught with probability 0.8; false alarm at most 5e-4 (1e-4 per position). Negative control: the same
+    completions held to the target at temperature 1.0 (a server that dropped the temperature) must fail.
+    """
+    star = gqa_star
+    target_dir, draft_dir = Path(str(star.target_model)), Path(str(star.draft_model))
+    prompt = load_checkpoint(target_dir).tokenizer.encode("x")
+    body = {"prompt": prompt, "max_tokens": HTTP_GAMMA + 1, "ignore_eos": True, "temperature": 0.7, "top_p": 0.9}
+
+    def complete(seed: int) -> tuple[list[int], int]:
+        status, out = http_json(f"{star.urls[seed % 2]}/v1/completions", {**body, "top_k": 12, "seed": seed})
+        assert status == 200, out
+        return out["starsd"]["token_ids"], out["starsd"]["drafted_tokens"]
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(complete, range(HTTP_SAMPLES)))
+    tokens = [t for t, _ in results]
+    assert all(len(t) == HTTP_GAMMA + 1 for t in tokens)
+    assert sum(d for _, d in results) >= HTTP_GAMMA * HTTP_SAMPLES  # every first round drafted gamma tokens
+    target64, draft64 = float64_model(target_dir), float64_model(draft_dir)
+
+    def check(decoding: Decoding) -> list[PositionResult]:
+        bin_probs, seen, impossible = binned(target64, draft64, prompt, tokens, decoding)
+        assert impossible == 0, f"{impossible} tokens the target gives probability 0"
+        return position_tests(bin_probs, seen)
+
+    results_ok = check(HTTP_DECODING)
+    assert all(r.fits for r in results_ok), "\n".join(map(str, results_ok))
+    wrong = check(Decoding(1.0, HTTP_DECODING.top_p, HTTP_DECODING.top_k))
+    assert not all(r.fits for r in wrong), "\n".join(map(str, wrong))

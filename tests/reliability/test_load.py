@@ -1,4 +1,5 @@
-"""Many concurrent clients for a bounded time against a star: nothing lost, greedy output exact, memory flat.
+"""Many concurrent clients against a star, for enough requests to see a per-session leak: nothing lost, greedy
+output exact, memory flat.
 
 The figures (requests, failures, p50/p99 latency, tokens, the draft's memory and sessions) are printed and
 written to bench/results/reliability-load*.json; latency is reported, never asserted.
@@ -6,6 +7,7 @@ written to bench/results/reliability-load*.json; latency is reported, never asse
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -27,10 +29,14 @@ from tests.reliability.workload import Outcome, Workload
 
 MAX_TOKENS = (8, 24, 48)
 MIB = 1 << 20
-# The draft's resident memory may move by allocator noise between two idle points, not by what a load leaves
-# behind. A leak of per-session state (a KV cache, a queue entry, a load sample) grows with the number of
-# sessions served, thousands here: far beyond this bound for the shipped models as well as the tiny ones.
-RSS_SLACK = 48 * MIB
+KIB = 1 << 10
+# The draft's resident memory moves by allocator noise between two idle points after a warm-up wave (measured:
+# 0.9 MiB after 304 requests, 2.3 MiB at the peak, shipped pair on a loaded 2-core machine), not by what a load
+# leaves behind. The bound is four times that noise.
+RSS_SLACK = 8 * MIB
+# A leak of per-session state grows with the sessions served: the load runs enough requests that sessions
+# leaking their draft key/value caches would grow the draft by LEAK_MARGIN times the bound (see leak_requests).
+LEAK_MARGIN = 2.0
 
 
 def greedy_mismatches(outcomes: Sequence[Outcome], oracle: Reference) -> list[str]:
@@ -50,6 +56,28 @@ def sampled_shape_errors(outcomes: Sequence[Outcome], vocab_size: int) -> list[s
         if o.ok and not o.greedy and not (len(o.token_ids) <= o.max_tokens and in_range):
             bad.append(f"{o.prompt!r}: {o.token_ids}")
     return bad
+
+
+def session_cache_bytes(star: ProxiedStar, oracle: Reference) -> float:
+    """What one served session's draft key/value cache holds on average, at the least: the keys and values of
+    its prompt and of the tokens generated before its last (the workload draws prompts and max_tokens evenly;
+    a session that ends early at EOS holds fewer, which the margin covers)."""
+    import torch
+    from transformers import AutoConfig
+
+    from starsd.verifier.memory import kv_bytes_per_token
+
+    dtype = getattr(torch, str(draft_load(star.star)["dtype"]))
+    per_token = kv_bytes_per_token(AutoConfig.from_pretrained(star.pair[0], local_files_only=True), dtype)
+    prompt = sum(len(oracle.encode(p)) for p in PROMPTS) / len(PROMPTS)
+    generated = sum(MAX_TOKENS) / len(MAX_TOKENS)
+    return per_token * (prompt + generated - 1)
+
+
+def leak_requests(session_bytes: float) -> int:
+    """Requests after which sessions that each leaked their cache would have grown the draft by LEAK_MARGIN
+    times RSS_SLACK: a per-session leak cannot hide under the bound."""
+    return math.ceil(LEAK_MARGIN * RSS_SLACK / session_bytes)
 
 
 def prime_oracle(oracle: Reference) -> None:
@@ -97,8 +125,16 @@ class DraftSampler:
 
 
 def run_load(
-    star: ProxiedStar, oracle: Reference, name: str, clients: int, duration: float, max_requests: int = 5000
+    star: ProxiedStar,
+    oracle: Reference,
+    name: str,
+    clients: int,
+    duration: float,
+    max_requests: int = 5000,
+    min_requests: int = 0,
 ) -> dict[str, Any]:
+    """``clients`` clients start requests for ``duration`` seconds, ``max_requests`` at most, and at least
+    ``min_requests`` must have been sent (the duration is then a cap, for liveness)."""
     prime_oracle(oracle)
     s = star.star
     # A first wave brings the draft to its working set (allocator pools, gRPC buffers, session caches).
@@ -138,7 +174,7 @@ def run_load(
     workload.report(name, figures)
 
     assert all(o.ok for o in outcomes), workload.failures(outcomes)
-    assert figures["requests_sent"] >= clients  # the run did happen
+    assert figures["requests_sent"] >= max(clients, min_requests)  # the run did happen, long enough
     mismatches = greedy_mismatches(outcomes, oracle)
     assert not mismatches, f"{len(mismatches)} greedy outputs differ from the target alone:\n" + "\n".join(
         mismatches[:5]
@@ -148,8 +184,8 @@ def run_load(
     assert figures["drafted_tokens"] > 0 and figures["accepted_tokens"] > 0  # the draft was used
     assert figures["draft_sessions_peak"] > 0  # sessions were open during the load (and are all freed now)
     assert rss_after - rss_before < RSS_SLACK, (
-        f"the draft's memory grew by {(rss_after - rss_before) / MIB:.1f} MiB over a load "
-        f"({figures['requests_sent']} requests) after which every session was freed"
+        f"the draft's memory grew by {(rss_after - rss_before) / MIB:.1f} MiB (bound {RSS_SLACK / MIB:.0f} MiB) "
+        f"over a load ({figures['requests_sent']} requests) after which every session was freed"
     )
     return figures
 
@@ -158,7 +194,13 @@ def run_load(
 def test_many_clients_lose_nothing_get_the_targets_output_and_leave_the_draft_memory_flat(
     healthy_star: ProxiedStar, oracle: Reference
 ) -> None:
-    run_load(healthy_star, oracle, "load", clients=16, duration=15.0)
+    session = session_cache_bytes(healthy_star, oracle)
+    needed = leak_requests(session)
+    figures = run_load(
+        healthy_star, oracle, "load", clients=16, duration=600.0, max_requests=needed, min_requests=needed
+    )
+    # Had each of these sessions kept its cache, the draft would have grown past the bound by the margin.
+    assert figures["requests_sent"] * session >= LEAK_MARGIN * RSS_SLACK, (figures["requests_sent"], session / KIB)
 
 
 @pytest.mark.slow

@@ -1,13 +1,13 @@
 """TLS on the draft link: certificate and key from files (as a Kubernetes Secret mounts them).
 
 A target given the CA drafts over TLS; a target without it cannot reach the draft and serves alone (fallback);
-a client that trusts another CA, or speaks plaintext, is refused. Certificates are made here with openssl.
+a client that trusts another CA, or speaks plaintext, is refused. Certificates are made here with ``cryptography``.
 """
 
 from __future__ import annotations
 
-import shutil
-import subprocess
+import datetime
+import ipaddress
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,16 +21,36 @@ from starsd.proto import starsd_pb2_grpc as pb_grpc
 from tests.integration.conftest import PROMPTS, Reference
 from tests.reliability.conftest import START_TIMEOUT, Target, start_target
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
-
 
 def self_signed(directory: Path, name: str) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 and localhost, and its key (PEM files)."""
-    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
-    argv = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={name}"]
-    argv += ["-keyout", str(key), "-out", str(cert), "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"]
-    subprocess.run(argv, check=True, capture_output=True, timeout=120)
-    return cert, key
+    """A self-signed certificate for 127.0.0.1 and localhost, valid for two days, and its key (PEM files)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.UTC)
+    names = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / f"{name}.crt", directory / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return cert_path, key_path
 
 
 @dataclass
