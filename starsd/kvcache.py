@@ -279,12 +279,20 @@ class SlotPool:
         self._index = moved  # the extents stay with their keys
         self.slots, self.capacity = slots, capacity
 
-    def step_cache(self, slots: list[PoolSlot], cached: list[int], widths: list[int]) -> Cache:
+    def rows_of(self, slots: list[PoolSlot]) -> list[int]:
+        """The pool rows the ``slots`` hold now (a reallocation may move them: ask after :meth:`reserve`)."""
+        with self._lock:
+            return [self._index[slot.key] for slot in slots]
+
+    def step_cache(
+        self, slots: list[PoolSlot], cached: list[int], widths: list[int], inputs: StepInputs | None = None
+    ) -> Cache:
         """The cache of one forward pass over ``slots``: row ``b`` has ``cached[b]`` tokens in its slot and feeds
-        ``widths[b]`` new ones, right-aligned in a feed of ``max(widths)`` (see
-        :func:`starsd.verifier.runner.step_layout`). The pass writes each real token's keys and values at its
-        slot's next columns, the padding's at the column after them (never attended), and attends columns
-        ``[0, max(cached + widths))`` of its rows. Call :meth:`reserve` first."""
+        ``widths[b]`` new ones, right-aligned in a feed of ``max(widths)`` (see :func:`step_inputs`). The pass
+        writes each real token's keys and values at its slot's next columns, the padding's at the column after
+        them (never attended), and attends columns ``[0, max(cached + widths))`` of its rows. ``inputs``: the
+        pass's :func:`step_inputs` for these rows, built once for the step (built here when None). Call
+        :meth:`reserve` first."""
         width = max(widths)
         length = max(c + w for c, w in zip(cached, widths, strict=True))
         if length >= self.capacity:
@@ -293,17 +301,67 @@ class SlotPool:
             rows = [self._index[slot.key] for slot in slots]
             for slot, c, w in zip(slots, cached, widths, strict=True):
                 self._extents[slot.key] = max(self._extents[slot.key], c + w + 1)
-        offsets = torch.arange(width).unsqueeze(0)  # [1, W]
-        c_ = torch.tensor(cached).unsqueeze(1)  # [B, 1]
-        w_ = torch.tensor(widths).unsqueeze(1)
-        columns = torch.where(offsets < width - w_, c_ + w_, c_ + offsets - (width - w_))  # [B, W]
-        row_ids = torch.tensor(rows).unsqueeze(1).expand(-1, width)
+        if inputs is None:
+            inputs = step_inputs(None, rows, cached, widths, self.device)
         first = rows[0]
         view = slice(first, first + len(rows)) if rows == list(range(first, first + len(rows))) else None
         single = (rows[0], cached[0]) if len(rows) == 1 else None
-        where = _StepWhere(row_ids.to(self.device), columns.to(self.device), rows, view, single, length, width)
+        where = _StepWhere(inputs.rows, inputs.columns, view, single, length, width)
         layers: list[Any] = [SlotStepLayer(self, index, where) for index in range(self.layers)]
         return Cache(layers=layers)
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What one forward pass over pool rows needs on the device, built from one host-to-device copy.
+
+    Row ``b`` has ``cached[b]`` keys in its slot and feeds ``widths[b]`` tokens right-aligned in ``W = max(widths)``
+    query positions; ``K = max(cached + widths)`` columns are attended.
+    """
+
+    input_ids: torch.Tensor | None  # [B, W] the fed tokens (None: the caller has them on the device already)
+    rows: torch.Tensor  # [B] each row's slot in the pool
+    columns: torch.Tensor  # [B, W] the column each fed position's key is written to
+    positions: torch.Tensor  # [B, W] each query's position id (padding: 0)
+    mask: torch.Tensor  # [B, 1, W, K] True: attend
+
+
+def upload(values: list[int], device: torch.device) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device``: one copy, asynchronous from pinned memory on CUDA."""
+    host = torch.tensor(values, dtype=torch.long)
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
+def step_inputs(
+    feeds: list[list[int]] | None, rows: list[int], cached: list[int], widths: list[int], device: torch.device
+) -> StepInputs:
+    """The :class:`StepInputs` of a forward pass (``feeds``: each row's tokens, or None), uploaded in one copy.
+
+    A real query attends its row's columns up to its own; a padding query attends only column 0 (always a real
+    key), so that no attention row is empty (an empty one would make NaNs). A padding position's key is written
+    at the column after its row's real ones, which no query of the row attends.
+    """
+    batch, width = len(rows), max(widths)
+    total = max(c + w for c, w in zip(cached, widths, strict=True))
+    packed = [*cached, *widths, *rows]
+    if feeds is not None:
+        for feed in feeds:
+            packed.extend([0] * (width - len(feed)))
+            packed.extend(feed)
+    values = upload(packed, device)
+    c, w, r = values[:batch].unsqueeze(1), values[batch : 2 * batch].unsqueeze(1), values[2 * batch : 3 * batch]
+    input_ids = values[3 * batch :].view(batch, width) if feeds is not None else None
+    offsets = torch.arange(width, device=device).unsqueeze(0)  # [1, W]
+    pad = width - w  # [B, 1]
+    real = offsets >= pad  # [B, W]
+    positions = torch.where(real, c + offsets - pad, 0)  # [B, W]: each query's own column
+    columns = torch.where(real, positions, c + w)  # [B, W]: where each position's key goes
+    keys = torch.arange(total, device=device)  # [K]
+    mask = keys[None, None, :] <= positions[:, :, None]  # [B, W, K]
+    mask &= real[:, :, None] | (keys == 0)[None, None, :]
+    return StepInputs(input_ids, r, columns, positions, mask.unsqueeze(1))
 
 
 class PoolSlot:
@@ -319,9 +377,8 @@ class PoolSlot:
 
 @dataclass(frozen=True)
 class _StepWhere:
-    rows: torch.Tensor  # [B, W]: each fed position's slot
-    columns: torch.Tensor  # [B, W]: and column
-    slots: list[int]
+    rows: torch.Tensor  # [B]: each row's slot (on the device)
+    columns: torch.Tensor  # [B, W]: each fed position's column
     view: slice | None  # the step's rows as one slice of the pool, when they are consecutive
     single: tuple[int, int] | None  # a step of one row: (its row, its first new column)
     length: int  # columns attended
@@ -329,7 +386,11 @@ class _StepWhere:
 
 
 class SlotStepLayer(DynamicLayer):
-    """One layer of a :meth:`SlotPool.step_cache`: writes into the pool, reads the step's rows."""
+    """One layer of a :meth:`SlotPool.step_cache`: writes into the pool, reads the step's rows.
+
+    Everything it indexes with is on the device already (built once per step by :func:`step_inputs`), so a
+    layer neither builds a tensor nor waits for the host.
+    """
 
     def __init__(self, pool: SlotPool, index: int, where: _StepWhere) -> None:
         super().__init__()
@@ -348,12 +409,58 @@ class SlotStepLayer(DynamicLayer):
             keys[row, :, start:end] = key_states[0]
             values[row, :, start:end] = value_states[0]
             return keys[row : row + 1, :, :end], values[row : row + 1, :, :end]
-        keys[where.rows, :, where.columns] = key_states.transpose(1, 2)  # [B, W, H, D]
-        values[where.rows, :, where.columns] = value_states.transpose(1, 2)
-        if where.view is not None:
+        rows = where.rows.unsqueeze(1)  # [B, 1], broadcast against columns [B, W]
+        keys[rows, :, where.columns] = key_states.transpose(1, 2)  # [B, W, H, D]
+        values[rows, :, where.columns] = value_states.transpose(1, 2)
+        if where.view is not None:  # consecutive slots: the pool's own memory, no copy
             return keys[where.view, :, : where.length], values[where.view, :, : where.length]
-        rows = torch.tensor(where.slots, device=self.device)
-        return keys[:, :, : where.length].index_select(0, rows), values[:, :, : where.length].index_select(0, rows)
+        return (
+            keys[:, :, : where.length].index_select(0, where.rows),
+            values[:, :, : where.length].index_select(0, where.rows),
+        )
 
     def get_seq_length(self) -> int:
         return self.where.length - self.where.width
+
+
+POOL_ATTENTION = "starsd_sdpa"  # the attention implementation the runners switch their models to
+
+
+def grouped_sdpa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention without ``repeat_kv``: ``query [B, Hq, W, D]`` attends ``key``/``value``
+    ``[B, Hkv, K, D]`` as the pool returns them, grouped-query heads shared through SDPA's ``enable_gqa`` (which
+    transformers uses only without a mask, and every batched step has one). Returns ``[B, W, Hq, D]``."""
+    q_length = query.shape[2]
+    causal = bool(
+        q_length > 1
+        and attention_mask is None
+        and (getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    )
+    extra = {"enable_gqa": True} if query.shape[1] != key.shape[1] else {}
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal, **extra
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_pool_attention(model: Any) -> None:
+    """Switch ``model`` from transformers' SDPA attention to :func:`grouped_sdpa_attention` (same masks, no
+    repeated keys and values); other implementations (eager, flash) are left alone."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return
+    AttentionInterface.register(POOL_ATTENTION, grouped_sdpa_attention)
+    AttentionMaskInterface.register(POOL_ATTENTION, sdpa_mask)
+    model.set_attn_implementation(POOL_ATTENTION)
