@@ -220,3 +220,52 @@ def test_sessions_that_join_and_leave_a_bounded_pool_keep_their_greedy_output(ra
     assert not sessions and runner.pool.used == 0
     for i, reference in enumerate(references):
         assert outs[i][: lengths[i]] == reference
+
+
+def test_a_step_over_shuffled_slots_gives_the_tokens_of_consecutive_ones(random_pair: tuple[Path, Path]) -> None:
+    """The same sessions, once in consecutive slots stepped in slot order, once in slots with holes between them
+    stepped in a shuffled order: every step's verdicts are the same (the rows are indexed, not assumed), and
+    both follow plain greedy decoding."""
+    target = load_checkpoint(random_pair[1])
+    rng = torch.Generator().manual_seed(5)
+    prompts = [[int(t) for t in torch.randint(0, target.vocab_size, (n,), generator=rng)] for n in (3, 9, 5, 12, 7, 4)]
+    references = [autoregressive_reference(target, p, 40) for p in prompts]
+    consecutive, scattered = TargetRunner(target), TargetRunner(target)
+    in_order = [consecutive.new_session(p) for p in prompts]
+    spread = [scattered.new_session(p) for p in prompts]
+    holes = [scattered.new_session([1]) for _ in prompts]
+    for hole, session in zip(holes, spread, strict=True):  # slots: hole, session, hole, session, ...
+        scattered.step([StepRow(hole, [], GREEDY)])
+        scattered.step([StepRow(session, prefill=1)])
+    for hole in holes:
+        scattered.release(hole)
+    consecutive.step([StepRow(s, prefill=1) for s in in_order])
+    rows = scattered.pool.rows_of([s.slot for s in spread])
+    assert rows != list(range(rows[0], rows[0] + len(rows)))  # the slots really have holes between them
+    order = [4, 1, 5, 0, 3, 2]
+    for step in range(6):
+        drafts = {}
+        for i, (prompt, reference) in enumerate(zip(prompts, references, strict=True)):
+            done = len(in_order[i].committed) - len(prompt)
+            drafts[i] = reference[done : done + 1 + (i + step) % 3]  # the true continuation ...
+            if (i + step) % 2:
+                drafts[i][-1] = (drafts[i][-1] + 1) % target.vocab_size  # ... or one that goes wrong at its end
+        a = consecutive.step([StepRow(in_order[i], drafts[i], GREEDY) for i in range(len(prompts))])
+        b = scattered.step([StepRow(spread[i], drafts[i], GREEDY) for i in order])
+        outcomes = {i: (out.accepted, out.tokens) for i, out in enumerate(a)}
+        assert outcomes == {i: (out.accepted, out.tokens) for i, out in zip(order, b, strict=True)}
+        assert any(accepted for accepted, _ in outcomes.values())
+    for session, spread_session, prompt, reference in zip(in_order, spread, prompts, references, strict=True):
+        assert session.committed == spread_session.committed
+        generated = session.committed[len(prompt) :]
+        assert generated == reference[: len(generated)]
+
+
+def test_the_draft_compares_only_its_last_proposals_with_the_new_tokens() -> None:
+    from starsd.draft.runner import agreed_prefix
+
+    assert agreed_prefix([1, 2, 3, 7, 8], 3, [7, 9, 4]) == 4  # one proposal accepted, the next rejected
+    assert agreed_prefix([1, 2, 3, 7, 8], 3, [7, 8, 4]) == 5  # both accepted, then the target's own token
+    assert agreed_prefix([1, 2, 3, 7, 8], 3, [5]) == 3  # the first proposal rejected
+    assert agreed_prefix([1, 2], 3, [6]) == 2  # less cached than committed: all of it agrees
+    assert agreed_prefix([], 0, [4, 5]) == 0
