@@ -193,9 +193,27 @@ class StepInputs:
 
     input_ids: torch.Tensor | None  # [B, W] the fed tokens (None: the caller has them on the device already)
     rows: torch.Tensor  # [B] each row's slot in the pool
-    columns: torch.Tensor  # [B, W] the column each fed position's key is written to
-    positions: torch.Tensor  # [B, W] each query's position id (padding: 0)
-    mask: torch.Tensor  # [B, 1, W, K] True: attend
+    # None for a pass of one row (no padding: the model's own causal mask and positions are right):
+    columns: torch.Tensor | None  # [B, W] the column each fed position's key is written to
+    positions: torch.Tensor | None  # [B, W] each query's position id (padding: 0)
+    mask: torch.Tensor | None  # [B, 1, W, K] True: attend
+
+    def model_kwargs(self) -> dict[str, torch.Tensor]:
+        """The mask and position ids to pass the model (none for one row)."""
+        if self.mask is None or self.positions is None:
+            return {}
+        return {"attention_mask": self.mask, "position_ids": self.positions}
+
+    def next_token(self) -> StepInputs:
+        """The inputs of the pass after this one when every row feeds one token right after its last position
+        (a draft's decoding step), built on the device from these: no upload."""
+        if self.positions is None:
+            return StepInputs(None, self.rows, None, None, None)
+        positions = self.positions[:, -1:] + 1  # [B, 1]
+        assert self.mask is not None
+        keys = torch.arange(self.mask.shape[-1] + 1, device=positions.device)  # one more column than before
+        mask = (keys[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # [B, 1, 1, K + 1]
+        return StepInputs(None, self.rows, positions, positions, mask)
 
 
 def upload(values: list[int], device: torch.device) -> torch.Tensor:
@@ -225,6 +243,8 @@ def step_inputs(
     values = upload(packed, device)
     c, w, r = values[:batch].unsqueeze(1), values[batch : 2 * batch].unsqueeze(1), values[2 * batch : 3 * batch]
     input_ids = values[3 * batch :].view(batch, width) if feeds is not None else None
+    if batch == 1:
+        return StepInputs(input_ids, r, None, None, None)
     offsets = torch.arange(width, device=device).unsqueeze(0)  # [1, W]
     pad = width - w  # [B, 1]
     real = offsets >= pad  # [B, W]
@@ -250,7 +270,7 @@ class PoolSlot:
 @dataclass(frozen=True)
 class _StepWhere:
     rows: torch.Tensor  # [B]: each row's slot (on the device)
-    columns: torch.Tensor  # [B, W]: each fed position's column
+    columns: torch.Tensor | None  # [B, W]: each fed position's column (None for one row)
     view: slice | None  # the step's rows as one slice of the pool, when they are consecutive
     single: tuple[int, int] | None  # a step of one row: (its row, its first new column)
     length: int  # columns attended
@@ -281,6 +301,7 @@ class SlotStepLayer(DynamicLayer):
             keys[row, :, start:end] = key_states[0]
             values[row, :, start:end] = value_states[0]
             return keys[row : row + 1, :, :end], values[row : row + 1, :, :end]
+        assert where.columns is not None
         rows = where.rows.unsqueeze(1)  # [B, 1], broadcast against columns [B, W]
         keys[rows, :, where.columns] = key_states.transpose(1, 2)  # [B, W, H, D]
         values[rows, :, where.columns] = value_states.transpose(1, 2)

@@ -151,23 +151,23 @@ class DraftRunner:
         batch = len(rows)
         inputs = kvcache.step_inputs([row.feed for row in rows], at, cached, widths, device)
         kwargs: dict[str, Any] = {"logits_to_keep": 1} if self._logits_to_keep() else {}  # the last position only
-        if batch > 1:
-            kwargs.update(attention_mask=inputs.mask, position_ids=inputs.positions)
         cache = pool.step_cache(slots, cached, widths, inputs)
-        logits = model(input_ids=inputs.input_ids, use_cache=True, **kvcache.with_cache(cache), **kwargs).logits
-        logits = logits[:, -1]  # [B, V]
+        logits = model(
+            input_ids=inputs.input_ids, use_cache=True, **kvcache.with_cache(cache), **inputs.model_kwargs(), **kwargs
+        ).logits[:, -1]  # [B, V]
         drawn = [draw_proposals(logits, params, top_ks, generators)]  # per step: (tokens [B], ids, q)
         lengths = [c + w for c, w in zip(cached, widths, strict=True)]
         ones = [1] * batch
         for step in range(1, steps):
             # Every row feeds its last draw (a row past its own gamma too: its extra keys are never attended).
-            inputs = kvcache.step_inputs(None, at, lengths, ones, device)
-            kwargs = {}
-            if batch > 1:
-                kwargs.update(attention_mask=inputs.mask, position_ids=inputs.positions)
+            inputs = inputs.next_token()
             cache = pool.step_cache(slots, lengths, ones, inputs)
-            logits = model(input_ids=drawn[-1][0].unsqueeze(1), use_cache=True, **kvcache.with_cache(cache), **kwargs)
-            logits = logits.logits[:, -1]
+            logits = model(
+                input_ids=drawn[-1][0].unsqueeze(1),
+                use_cache=True,
+                **kvcache.with_cache(cache),
+                **inputs.model_kwargs(),
+            ).logits[:, -1]
             live = [step < row.gamma for row in rows]
             drawn.append(draw_proposals(logits, params, top_ks, generators, live))
             lengths = [n + 1 for n in lengths]

@@ -185,9 +185,7 @@ class TargetRunner:
         width = max(widths)
         inputs = kvcache.step_inputs(feeds, slots, cached, widths, self.device)
         cache = self.pool.step_cache([r.session.slot for r in rows], cached, widths, inputs)
-        kwargs: dict[str, Any] = {}
-        if len(rows) > 1:  # one row has no padding: the model's own causal mask and positions are right
-            kwargs.update(attention_mask=inputs.mask, position_ids=inputs.positions)
+        kwargs: dict[str, Any] = inputs.model_kwargs()
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = min(keep, width)
         out = self.loaded.model(
