@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import gc
+from pathlib import Path
 
 import pytest
 import torch
 
 from starsd import kvcache
+from starsd.checkpoints import load_checkpoint
 
 
 def test_grown_shape_doubles_within_the_limit_and_never_below_need() -> None:
@@ -61,3 +63,43 @@ def test_a_bounded_pool_compacts_its_rows_to_stay_within_its_limit() -> None:
     assert _write(pool, slots[3], 1, 9).tolist() == [3, 9]
     with pytest.raises(MemoryError, match="over its limit of 40 tokens"):
         pool.reserve(41)
+
+
+def test_grouped_attention_equals_attention_over_repeated_keys() -> None:
+    """The runners' attention reads grouped-query keys as the pool stores them; it computes what transformers'
+    SDPA path computes after ``repeat_kv`` (with a padding mask, and causal without one)."""
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+    gen = torch.Generator().manual_seed(3)
+    query = torch.randn(3, 8, 5, 16, generator=gen)
+    key, value = torch.randn(3, 2, 12, 16, generator=gen), torch.randn(3, 2, 12, 16, generator=gen)
+    mask = torch.rand(3, 1, 5, 12, generator=gen) < 0.7
+    mask[..., 0] = True
+    module = SimpleNamespace(num_key_value_groups=4, is_causal=True)
+    repeated = SimpleNamespace(num_key_value_groups=1, is_causal=True)  # keys and values repeated already
+    ours, _ = kvcache.grouped_sdpa_attention(module, query, key, value, mask)  # type: ignore[arg-type]
+    theirs, _ = sdpa_attention_forward(repeated, query, repeat_kv(key, 4), repeat_kv(value, 4), mask)  # type: ignore[arg-type]
+    torch.testing.assert_close(ours, theirs)
+    square = key[:, :, :5], value[:, :, :5]
+    ours, _ = kvcache.grouped_sdpa_attention(module, query, *square, None)  # type: ignore[arg-type]
+    theirs, _ = sdpa_attention_forward(repeated, query, *(repeat_kv(t, 4) for t in square), None)  # type: ignore[arg-type]
+    torch.testing.assert_close(ours, theirs)
+
+
+def test_the_gqa_pair_groups_query_heads_and_the_runners_read_them_ungrouped(gqa_pair: tuple[Path, Path]) -> None:
+    from starsd.draft.runner import DraftRunner
+    from starsd.proposals import SamplingParams
+    from starsd.verifier.runner import TargetRunner
+
+    for path in gqa_pair:
+        loaded = load_checkpoint(path)
+        config = loaded.model.config
+        assert config.num_key_value_heads < config.num_attention_heads
+        runner = TargetRunner(loaded)
+        assert config._attn_implementation == kvcache.POOL_ATTENTION
+        assert runner.pool.kv_heads == config.num_key_value_heads  # the pool stores the key/value heads only
+    draft = DraftRunner(load_checkpoint(gqa_pair[0]))
+    draft.propose(draft.new_state(0), [1, 2, 3], 2, SamplingParams(0.0), 4)
+    assert draft.loaded.model.config._attn_implementation == kvcache.POOL_ATTENTION
