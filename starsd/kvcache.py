@@ -182,6 +182,13 @@ class SlotPool:
         layers: list[Any] = [SlotStepLayer(self, index, where) for index in range(self.layers)]
         return Cache(layers=layers)
 
+    def static_step_cache(self, rows: torch.Tensor, columns: torch.Tensor, length: int) -> Cache:
+        """A step cache for a captured graph: rows ``rows [B]`` write at ``columns [B, W]`` and attend
+        ``[0, length)``, all read from the given device tensors at every replay (no host-side case analysis)."""
+        where = _StepWhere(rows, columns, None, None, length, columns.shape[1])
+        layers: list[Any] = [SlotStepLayer(self, index, where) for index in range(self.layers)]
+        return Cache(layers=layers)
+
 
 @dataclass(frozen=True)
 class StepInputs:
@@ -225,13 +232,19 @@ def upload(values: list[int], device: torch.device) -> torch.Tensor:
 
 
 def step_inputs(
-    feeds: list[list[int]] | None, rows: list[int], cached: list[int], widths: list[int], device: torch.device
+    feeds: list[list[int]] | None,
+    rows: list[int],
+    cached: list[int],
+    widths: list[int],
+    device: torch.device,
+    layout: bool = False,
 ) -> StepInputs:
     """The :class:`StepInputs` of a forward pass (``feeds``: each row's tokens, or None), uploaded in one copy.
 
     A real query attends its row's columns up to its own; a padding query attends only column 0 (always a real
     key), so that no attention row is empty (an empty one would make NaNs). A padding position's key is written
-    at the column after its row's real ones, which no query of the row attends.
+    at the column after its row's real ones, which no query of the row attends. A pass of one row gets no
+    mask, positions or columns unless ``layout`` asks for them.
     """
     batch, width = len(rows), max(widths)
     total = max(c + w for c, w in zip(cached, widths, strict=True))
@@ -243,7 +256,7 @@ def step_inputs(
     values = upload(packed, device)
     c, w, r = values[:batch].unsqueeze(1), values[batch : 2 * batch].unsqueeze(1), values[2 * batch : 3 * batch]
     input_ids = values[3 * batch :].view(batch, width) if feeds is not None else None
-    if batch == 1:
+    if batch == 1 and not layout:
         return StepInputs(input_ids, r, None, None, None)
     offsets = torch.arange(width, device=device).unsqueeze(0)  # [1, W]
     pad = width - w  # [B, 1]

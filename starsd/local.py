@@ -115,6 +115,7 @@ class LocalStar:
     threads: int = 1  # torch threads per process
     device: str = "auto"  # --device and --dtype of every process (see starsd.devices)
     dtype: str = "auto"
+    cuda_graphs: str = "auto"  # the draft's --cuda-graphs
 
     def __post_init__(self) -> None:
         if self.drafts < 1:
@@ -181,6 +182,7 @@ class LocalStar:
             argv += ["--emulate-service-time", str(self.emulate_service_time)]
         else:
             argv += ["--model", str(self.draft_model), "--device", self.device, "--dtype", self.dtype]
+            argv += ["--cuda-graphs", self.cuda_graphs]
         assert self.log_dir is not None
         name = "draft" if self.drafts == 1 else f"draft-{i}"
         return Proc(name, argv + self.draft_args, self.log_dir / f"{name}.log")

@@ -7,7 +7,14 @@ import signal
 import threading
 from pathlib import Path
 
-from starsd.commands._common import add_gamma_arg, add_placement_args, fail, gamma_error, placement_error
+from starsd.commands._common import (
+    add_cuda_graphs_arg,
+    add_gamma_arg,
+    add_placement_args,
+    fail,
+    gamma_error,
+    placement_error,
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +31,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
     parser.add_argument("--log-dir", type=Path, help="where the processes' logs go (default: a temporary folder)")
     add_placement_args(parser)
+    add_cuda_graphs_arg(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         log_dir=args.log_dir,
         device=args.device,
         dtype=args.dtype,
+        cuda_graphs=args.cuda_graphs,
     )
     drafts = "1 draft" if args.drafts == 1 else f"{args.drafts} drafts"
     print(f"starting {drafts} and {args.targets} targets (logs in {star.log_dir}) ...", flush=True)

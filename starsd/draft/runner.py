@@ -63,10 +63,16 @@ class _Row:
 class DraftRunner:
     """Proposes tokens for many sessions from one small model."""
 
-    def __init__(self, loaded: LoadedModel) -> None:
+    def __init__(self, loaded: LoadedModel, cuda_graphs: str = "auto") -> None:
+        """``cuda_graphs``: ``auto`` (on with CUDA), ``on`` or ``off``: replay the decoding steps from captured
+        CUDA graphs (see :mod:`starsd.cuda_graphs`)."""
+        from starsd.cuda_graphs import graphs_enabled
+
         self.loaded = loaded
         self._lock = threading.Lock()  # one forward pass at a time on this model
         self._pool: Any = None  # starsd.kvcache.SlotPool, made with the first forward pass
+        self._use_graphs = graphs_enabled(cuda_graphs, loaded.device)
+        self._graphs: Any = None  # starsd.cuda_graphs.DecodeGraphs, made with the pool when graphs are used
 
     @property
     def vocab_size(self) -> int:
@@ -86,6 +92,10 @@ class DraftRunner:
             layers, heads, head_dim = kv_geometry(model.config)
             self._pool = kvcache.SlotPool(layers, heads, head_dim, self.loaded.placement.dtype, self.loaded.device)
             kvcache.use_pool_attention(model)
+            if self._use_graphs:
+                from starsd.cuda_graphs import DecodeGraphs
+
+                self._graphs = DecodeGraphs(model, self._pool)
         return self._pool
 
     def _logits_to_keep(self) -> bool:
@@ -149,7 +159,8 @@ class DraftRunner:
         top_ks = [requests[row.index].top_k for row in rows]
         generators = [s.generator for s in states]
         batch = len(rows)
-        inputs = kvcache.step_inputs([row.feed for row in rows], at, cached, widths, device)
+        graphs = self._graphs
+        inputs = kvcache.step_inputs([row.feed for row in rows], at, cached, widths, device, graphs is not None)
         kwargs: dict[str, Any] = {"logits_to_keep": 1} if self._logits_to_keep() else {}  # the last position only
         cache = pool.step_cache(slots, cached, widths, inputs)
         logits = model(
@@ -161,13 +172,17 @@ class DraftRunner:
         for step in range(1, steps):
             # Every row feeds its last draw (a row past its own gamma too: its extra keys are never attended).
             inputs = inputs.next_token()
-            cache = pool.step_cache(slots, lengths, ones, inputs)
-            logits = model(
-                input_ids=drawn[-1][0].unsqueeze(1),
-                use_cache=True,
-                **kvcache.with_cache(cache),
-                **inputs.model_kwargs(),
-            ).logits[:, -1]
+            logits = None
+            if graphs is not None and inputs.positions is not None and inputs.mask is not None:
+                logits = graphs.logits(drawn[-1][0], inputs.rows, inputs.positions, inputs.mask)  # None: eager
+            if logits is None:
+                cache = pool.step_cache(slots, lengths, ones, inputs)
+                logits = model(
+                    input_ids=drawn[-1][0].unsqueeze(1),
+                    use_cache=True,
+                    **kvcache.with_cache(cache),
+                    **inputs.model_kwargs(),
+                ).logits[:, -1]
             live = [step < row.gamma for row in rows]
             drawn.append(draw_proposals(logits, params, top_ks, generators, live))
             lengths = [n + 1 for n in lengths]
