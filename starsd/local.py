@@ -119,6 +119,7 @@ class LocalStar:
     # empty: open targets, whatever $STARSD_API_KEY this process has.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     log_level: str | None = None  # every process's --log-level (None: the default, INFO)
+    cuda_graphs: str = "auto"  # the draft's --cuda-graphs
 
     def __post_init__(self) -> None:
         if self.drafts < 1:
@@ -197,6 +198,7 @@ class LocalStar:
             argv += ["--emulate-service-time", str(self.emulate_service_time)]
         else:
             argv += ["--model", str(self.draft_model), "--device", self.device, "--dtype", self.dtype]
+            argv += ["--cuda-graphs", self.cuda_graphs]
         assert self.log_dir is not None
         name = "draft" if self.drafts == 1 else f"draft-{i}"
         return Proc(name, argv + self.draft_args, self.log_dir / f"{name}.log")

@@ -121,6 +121,41 @@ def draw_proposal(
     return int(ids[sample(q, generator)]), ids, q
 
 
+def draw_proposals(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    top_ks: list[int],
+    generators: list[torch.Generator | None],
+    live: list[bool] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """:func:`draw_proposal` for B rows at once, on the device with no host sync: ``logits [B, V]`` ->
+    ``(d [B], ids [B, K], q [B, K])``, ``K`` the largest sampled row's top-k (a row of a smaller ``k`` has zeros
+    past its own ``k``), or ``(argmax [B], None, None)`` when every row is greedy.
+
+    A sampled row draws exactly what :func:`draw_proposal` draws from its own generator (one exponential race
+    over its ``k`` support ids), so a seed gives the same proposals alone or in a batch; a greedy row draws
+    nothing and gets its argmax, and so does a row whose ``live`` is False (one that has proposed all it asked
+    for while others go on: its result is not used, and its random stream must not move).
+    """
+    sampled = [b for b, p in enumerate(params) if not p.greedy]
+    if not sampled:
+        return logits.argmax(dim=-1), None, None
+    batch, vocab = logits.shape
+    k = min(max(top_ks[b] for b in sampled), vocab)
+    probs = probs_batch(logits.unsqueeze(1), params).squeeze(1)  # [B, V]; greedy rows one-hot at the argmax
+    top, ids = probs.topk(k, dim=-1)  # [B, K]
+    races = torch.ones(batch, k, device=logits.device)  # greedy rows: index 0 wins (their one-hot's argmax)
+    for b in sampled:
+        own = min(top_ks[b], vocab)
+        if own < k:
+            top[b, own:] = 0.0  # outside the row's own top-k: probability 0, never drawn
+        if live is None or live[b]:
+            races[b, :own] = exponential_race((own,), generators[b], logits.device)
+    q = (top / top.sum(dim=-1, keepdim=True)).to(torch.float32)
+    choice = (q / races).argmax(dim=-1, keepdim=True)  # [B, 1]
+    return ids.gather(1, choice).squeeze(1), ids, q
+
+
 def exponential_race(
     shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device | None = None
 ) -> torch.Tensor:

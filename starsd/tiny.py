@@ -15,6 +15,7 @@ refuse at start.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 from pathlib import Path
@@ -36,6 +37,8 @@ TINY_SPEC = ModelSpec(
     max_position_embeddings=1024,
     initializer_range=0.3,
 )
+# The same shape with grouped-query attention (two query heads per key/value head, as Llama 3 has four).
+TINY_GQA_SPEC = dataclasses.replace(TINY_SPEC, num_kv_heads=2)
 # Relative std of the noise that turns the target's weights into the draft's.
 DRAFT_NOISE = 0.015
 # Files of the standard library used when no shipped tokenizer exists, and the fallback vocabulary size.
@@ -109,15 +112,22 @@ def _perturbed_copy(model: Any, scale: float, gen: torch.Generator) -> Any:
 
 
 def write_random_pair(
-    out_dir: Path, seed: int = 0, vocab_mismatch: bool = False, draft_noise: float = DRAFT_NOISE
+    out_dir: Path,
+    seed: int = 0,
+    vocab_mismatch: bool = False,
+    draft_noise: float = DRAFT_NOISE,
+    grouped_query: bool = False,
 ) -> ModelPair:
     """Write ``out_dir/draft`` and ``out_dir/target``: tiny random Llama checkpoints (about 0.2M parameters
     each) sharing one tokenizer; returns their paths as ``ModelPair(draft, target)``.
 
     The same ``seed`` gives the same weights. With ``vocab_mismatch`` the draft has its own, smaller tokenizer
     and vocabulary (a different :func:`starsd.vocab.vocab_fingerprint`). ``draft_noise`` sets how far the
-    draft strays from the target (relative noise per matrix; larger: more disagreement).
+    draft strays from the target (relative noise per matrix; larger: more disagreement). With
+    ``grouped_query`` both use grouped-query attention (:data:`TINY_GQA_SPEC`: fewer key/value heads than
+    query heads).
     """
+    spec = TINY_GQA_SPEC if grouped_query else TINY_SPEC
     out_dir = Path(out_dir)
     pair = ModelPair(draft=out_dir / "draft", target=out_dir / "target")
     # Write into a temporary sibling and move into place, so a reader never sees a half-written pair.
@@ -127,11 +137,11 @@ def write_random_pair(
         target_tok = _write_tokenizer(staging.target, None)
         gen = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)
-        target = _build(target_tok, TINY_SPEC).eval()
+        target = _build(target_tok, spec).eval()
         if vocab_mismatch:
             draft_tok = _write_tokenizer(staging.draft, max(300, len(target_tok) // 2))
             torch.manual_seed(seed + 1)
-            draft = _build(draft_tok, TINY_SPEC).eval()
+            draft = _build(draft_tok, spec).eval()
         else:
             draft_tok = _write_tokenizer(staging.draft, None)
             draft = _perturbed_copy(target, draft_noise, gen)

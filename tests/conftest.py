@@ -28,6 +28,22 @@ def random_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def gqa_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny random pair with grouped-query attention (fewer key/value heads than query heads)."""
+    from starsd.tiny import write_random_pair
+
+    return write_random_pair(tmp_path_factory.mktemp("gqa-pair"), seed=2, grouped_query=True)
+
+
+@pytest.fixture(params=["mha", "gqa"])
+def any_pair(request: pytest.FixtureRequest) -> tuple[Path, Path]:
+    """The tiny random pair, then the grouped-query one: a test taking it runs on both."""
+    name = "random_pair" if request.param == "mha" else "gqa_pair"
+    pair: tuple[Path, Path] = request.getfixturevalue(name)
+    return pair
+
+
+@pytest.fixture(scope="session")
 def mismatched_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A (draft, target) pair whose vocabularies differ."""
     from starsd.tiny import write_random_pair

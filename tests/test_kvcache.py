@@ -7,69 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import DynamicCache
 
 from starsd import kvcache
 from starsd.checkpoints import load_checkpoint
-
-
-def test_slab_cache_matches_the_dynamic_cache_through_growth_and_crops(random_pair: tuple[Path, Path]) -> None:
-    model = load_checkpoint(random_pair[0]).model
-    slab, dynamic = kvcache.new_cache(), DynamicCache()
-    gen = torch.Generator().manual_seed(0)
-    length = 0
-    with torch.inference_mode():
-        # Feeds of various widths take the slab past its first capacity twice; crops roll it back.
-        for width, crop in [(40, None), (30, 60), (1, None), (50, 100), (70, 20), (1, None), (90, None)]:
-            ids = torch.randint(0, model.config.vocab_size, (1, width), generator=gen)
-            a = model(input_ids=ids, use_cache=True, **kvcache.with_cache(slab)).logits
-            b = model(input_ids=ids, use_cache=True, **kvcache.with_cache(dynamic)).logits
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-            length += width
-            assert slab.get_seq_length() == dynamic.get_seq_length() == length
-            if crop is not None:
-                slab.crop(crop)  # the slab crops to an absolute length (what the runners use)
-                dynamic.crop(crop - length)  # a negative count: the one form transformers 4.x and 5.x share
-                length = crop
-                assert slab.get_seq_length() == crop
-
-
-def test_a_batch_cache_right_aligns_each_session_and_copies_rows_back() -> None:
-    caches = [kvcache.new_cache() for _ in range(3)]
-    lengths = [3, 0, 5]
-    for cache, n in zip(caches, lengths, strict=True):
-        if n:
-            cache.update(torch.arange(n, dtype=torch.float32).view(1, 1, n, 1) + 1, torch.full((1, 1, n, 1), 7.0), 0)
-    batch = kvcache.batch_cache(caches, lengths, layers=1, capacity=8)
-    assert batch.get_seq_length() == 5
-    keys = kvcache.layer(batch, 0).keys
-    assert keys is not None
-    assert keys[:, 0, :, 0].tolist() == [[0, 0, 1, 2, 3], [0, 0, 0, 0, 0], [1, 2, 3, 4, 5]]
-    batch.update(torch.full((3, 1, 2, 1), 9.0), torch.zeros(3, 1, 2, 1), 0)
-    kvcache.copy_row(batch, 0, [(2, 5), (6, 7)], caches[1], layers=1)
-    copied = kvcache.layer(caches[1], 0).keys
-    assert copied is not None
-    assert copied[0, 0, :, 0].tolist() == [1, 2, 3, 9]
-
-
-def test_the_slab_crops_to_an_absolute_length_and_resets() -> None:
-    # The runners crop to the number of tokens to keep, 0 included (transformers 5.x's own layers take a
-    # negative count instead and treat 0 as "remove nothing").
-    cache = kvcache.new_cache()
-    cache.update(torch.ones(1, 1, 6, 1), torch.ones(1, 1, 6, 1), 0)
-    cache.crop(4)
-    assert cache.get_seq_length() == 4
-    cache.crop(-1)
-    assert cache.get_seq_length() == 3
-    cache.crop(5)  # longer than the cache: nothing to do
-    assert cache.get_seq_length() == 3
-    cache.crop(0)
-    assert cache.get_seq_length() == 0
-    cache.update(torch.full((1, 1, 2, 1), 3.0), torch.zeros(1, 1, 2, 1), 0)
-    keys = kvcache.layer(cache, 0).keys
-    assert keys is not None and keys[0, 0, :, 0].tolist() == [3.0, 3.0]
-    cache.reset()
-    assert cache.get_seq_length() == 0
 
 
 def test_grown_shape_doubles_within_the_limit_and_never_below_need() -> None:
@@ -123,3 +63,43 @@ def test_a_bounded_pool_compacts_its_rows_to_stay_within_its_limit() -> None:
     assert _write(pool, slots[3], 1, 9).tolist() == [3, 9]
     with pytest.raises(MemoryError, match="over its limit of 40 tokens"):
         pool.reserve(41)
+
+
+def test_grouped_attention_equals_attention_over_repeated_keys() -> None:
+    """The runners' attention reads grouped-query keys as the pool stores them; it computes what transformers'
+    SDPA path computes after ``repeat_kv`` (with a padding mask, and causal without one)."""
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+    gen = torch.Generator().manual_seed(3)
+    query = torch.randn(3, 8, 5, 16, generator=gen)
+    key, value = torch.randn(3, 2, 12, 16, generator=gen), torch.randn(3, 2, 12, 16, generator=gen)
+    mask = torch.rand(3, 1, 5, 12, generator=gen) < 0.7
+    mask[..., 0] = True
+    module = SimpleNamespace(num_key_value_groups=4, is_causal=True)
+    repeated = SimpleNamespace(num_key_value_groups=1, is_causal=True)  # keys and values repeated already
+    ours, _ = kvcache.grouped_sdpa_attention(module, query, key, value, mask)  # type: ignore[arg-type]
+    theirs, _ = sdpa_attention_forward(repeated, query, repeat_kv(key, 4), repeat_kv(value, 4), mask)  # type: ignore[arg-type]
+    torch.testing.assert_close(ours, theirs)
+    square = key[:, :, :5], value[:, :, :5]
+    ours, _ = kvcache.grouped_sdpa_attention(module, query, *square, None)  # type: ignore[arg-type]
+    theirs, _ = sdpa_attention_forward(repeated, query, *(repeat_kv(t, 4) for t in square), None)  # type: ignore[arg-type]
+    torch.testing.assert_close(ours, theirs)
+
+
+def test_the_gqa_pair_groups_query_heads_and_the_runners_read_them_ungrouped(gqa_pair: tuple[Path, Path]) -> None:
+    from starsd.draft.runner import DraftRunner
+    from starsd.proposals import SamplingParams
+    from starsd.verifier.runner import TargetRunner
+
+    for path in gqa_pair:
+        loaded = load_checkpoint(path)
+        config = loaded.model.config
+        assert config.num_key_value_heads < config.num_attention_heads
+        runner = TargetRunner(loaded)
+        assert config._attn_implementation == kvcache.POOL_ATTENTION
+        assert runner.pool.kv_heads == config.num_key_value_heads  # the pool stores the key/value heads only
+    draft = DraftRunner(load_checkpoint(gqa_pair[0]))
+    draft.propose(draft.new_state(0), [1, 2, 3], 2, SamplingParams(0.0), 4)
+    assert draft.loaded.model.config._attn_implementation == kvcache.POOL_ATTENTION

@@ -1,4 +1,7 @@
-"""Model runners keep their KV caches consistent: crop-and-resume equals computing from scratch."""
+"""Model runners keep their KV caches consistent: crop-and-resume equals computing from scratch.
+
+The tests taking ``any_pair`` run on the tiny pair and on its grouped-query twin (fewer key/value heads).
+"""
 
 from __future__ import annotations
 
@@ -36,9 +39,9 @@ def test_the_random_pair_shares_one_vocabulary(random_pair: tuple[Path, Path]) -
     check_same_vocabulary(draft, target)  # accepted: no error
 
 
-def test_target_verification_rounds_reproduce_plain_greedy_decoding(random_pair: tuple[Path, Path]) -> None:
+def test_target_verification_rounds_reproduce_plain_greedy_decoding(any_pair: tuple[Path, Path]) -> None:
     """Speculating with a draft that is the target itself accepts everything and equals generate()."""
-    target = load_checkpoint(random_pair[1])
+    target = load_checkpoint(any_pair[1])
     prompt = [5, 17, 42, 7, 99]
     reference = autoregressive_reference(target, prompt, 20)
     runner, proposer = TargetRunner(target), DraftRunner(target)
@@ -55,9 +58,9 @@ def test_target_verification_rounds_reproduce_plain_greedy_decoding(random_pair:
     assert out[:20] == reference[:20]
 
 
-def test_rejected_drafts_are_cropped_from_both_caches(random_pair: tuple[Path, Path]) -> None:
+def test_rejected_drafts_are_cropped_from_both_caches(any_pair: tuple[Path, Path]) -> None:
     """Deliberately wrong drafts: after each rejection both caches must still give the true continuation."""
-    draft, target = (load_checkpoint(p) for p in random_pair)
+    draft, target = (load_checkpoint(p) for p in any_pair)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     reference = autoregressive_reference(target, prompt, 16)
     runner, proposer = TargetRunner(target), DraftRunner(draft)
@@ -78,8 +81,8 @@ def test_rejected_drafts_are_cropped_from_both_caches(random_pair: tuple[Path, P
     assert proposer.propose(state, new, 4, GREEDY, 8).token_ids == again
 
 
-def test_sampled_proposals_report_the_distribution_they_were_drawn_from(random_pair: tuple[Path, Path]) -> None:
-    draft = load_checkpoint(random_pair[0])
+def test_sampled_proposals_report_the_distribution_they_were_drawn_from(any_pair: tuple[Path, Path]) -> None:
+    draft = load_checkpoint(any_pair[0])
     proposer = DraftRunner(draft)
     state = proposer.new_state(seed=11)
     proposal = proposer.propose(state, [1, 2, 3], 4, SamplingParams(temperature=1.0), top_k=5)
@@ -101,11 +104,11 @@ def test_the_draft_never_proposes_past_its_context(random_pair: tuple[Path, Path
         assert len(proposer.propose(state, near_end, 8, GREEDY, 8).token_ids) == 2
 
 
-def test_batched_drafting_matches_drafting_one_session_at_a_time(random_pair: tuple[Path, Path]) -> None:
+def test_batched_drafting_matches_drafting_one_session_at_a_time(any_pair: tuple[Path, Path]) -> None:
     """Padding and masks keep sessions apart: same tokens and the same proposal distributions."""
     from starsd.proposals import DraftRequest
 
-    draft = load_checkpoint(random_pair[0])
+    draft = load_checkpoint(any_pair[0])
     proposer = DraftRunner(draft)
     params = SamplingParams(temperature=1.0)
     prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16, 17], [1]]
@@ -131,11 +134,11 @@ def test_batched_drafting_matches_drafting_one_session_at_a_time(random_pair: tu
     assert [s.committed for s in alone] == [s.committed for s in batched]
 
 
-def test_a_batch_mixes_new_sessions_with_long_cached_ones(random_pair: tuple[Path, Path]) -> None:
+def test_a_batch_mixes_new_sessions_with_long_cached_ones(any_pair: tuple[Path, Path]) -> None:
     """New sessions (no cache yet), long ones (caches past their first growth) and gamma 1 share one batch."""
     from starsd.proposals import DraftRequest
 
-    draft = load_checkpoint(random_pair[0])
+    draft = load_checkpoint(any_pair[0])
     proposer = DraftRunner(draft)
     rng = torch.Generator().manual_seed(1)
 
@@ -161,10 +164,10 @@ def test_a_batch_mixes_new_sessions_with_long_cached_ones(random_pair: tuple[Pat
         assert proposer.propose(a, [7], 4, GREEDY, 8).token_ids == proposer.propose(b, [7], 4, GREEDY, 8).token_ids
 
 
-def test_a_batched_step_of_ragged_sessions_matches_each_session_alone(random_pair: tuple[Path, Path]) -> None:
+def test_a_batched_step_of_ragged_sessions_matches_each_session_alone(any_pair: tuple[Path, Path]) -> None:
     """Sessions of different lengths, prefill chunks, decodes and wrong drafts in one step: greedy output is
     each prompt's plain greedy decoding, whatever else shares the step."""
-    draft, target = (load_checkpoint(p) for p in random_pair)
+    draft, target = (load_checkpoint(p) for p in any_pair)
     prompts = [[5, 17, 42], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9], [7], list(range(10, 60))]
     references = [autoregressive_reference(target, p, 12) for p in prompts]
     runner, proposer = TargetRunner(target), DraftRunner(draft)
@@ -221,3 +224,52 @@ def test_sessions_that_join_and_leave_a_bounded_pool_keep_their_greedy_output(ra
     assert not sessions and runner.pool.used == 0
     for i, reference in enumerate(references):
         assert outs[i][: lengths[i]] == reference
+
+
+def test_a_step_over_shuffled_slots_gives_the_tokens_of_consecutive_ones(any_pair: tuple[Path, Path]) -> None:
+    """The same sessions, once in consecutive slots stepped in slot order, once in slots with holes between them
+    stepped in a shuffled order: every step's verdicts are the same (the rows are indexed, not assumed), and
+    both follow plain greedy decoding."""
+    target = load_checkpoint(any_pair[1])
+    rng = torch.Generator().manual_seed(5)
+    prompts = [[int(t) for t in torch.randint(0, target.vocab_size, (n,), generator=rng)] for n in (3, 9, 5, 12, 7, 4)]
+    references = [autoregressive_reference(target, p, 40) for p in prompts]
+    consecutive, scattered = TargetRunner(target), TargetRunner(target)
+    in_order = [consecutive.new_session(p) for p in prompts]
+    spread = [scattered.new_session(p) for p in prompts]
+    holes = [scattered.new_session([1]) for _ in prompts]
+    for hole, session in zip(holes, spread, strict=True):  # slots: hole, session, hole, session, ...
+        scattered.step([StepRow(hole, [], GREEDY)])
+        scattered.step([StepRow(session, prefill=1)])
+    for hole in holes:
+        scattered.release(hole)
+    consecutive.step([StepRow(s, prefill=1) for s in in_order])
+    rows = scattered.pool.rows_of([s.slot for s in spread])
+    assert rows != list(range(rows[0], rows[0] + len(rows)))  # the slots really have holes between them
+    order = [4, 1, 5, 0, 3, 2]
+    for step in range(6):
+        drafts = {}
+        for i, (prompt, reference) in enumerate(zip(prompts, references, strict=True)):
+            done = len(in_order[i].committed) - len(prompt)
+            drafts[i] = reference[done : done + 1 + (i + step) % 3]  # the true continuation ...
+            if (i + step) % 2:
+                drafts[i][-1] = (drafts[i][-1] + 1) % target.vocab_size  # ... or one that goes wrong at its end
+        a = consecutive.step([StepRow(in_order[i], drafts[i], GREEDY) for i in range(len(prompts))])
+        b = scattered.step([StepRow(spread[i], drafts[i], GREEDY) for i in order])
+        outcomes = {i: (out.accepted, out.tokens) for i, out in enumerate(a)}
+        assert outcomes == {i: (out.accepted, out.tokens) for i, out in zip(order, b, strict=True)}
+        assert any(accepted for accepted, _ in outcomes.values())
+    for session, spread_session, prompt, reference in zip(in_order, spread, prompts, references, strict=True):
+        assert session.committed == spread_session.committed
+        generated = session.committed[len(prompt) :]
+        assert generated == reference[: len(generated)]
+
+
+def test_the_draft_compares_only_its_last_proposals_with_the_new_tokens() -> None:
+    from starsd.draft.runner import agreed_prefix
+
+    assert agreed_prefix([1, 2, 3, 7, 8], 3, [7, 9, 4]) == 4  # one proposal accepted, the next rejected
+    assert agreed_prefix([1, 2, 3, 7, 8], 3, [7, 8, 4]) == 5  # both accepted, then the target's own token
+    assert agreed_prefix([1, 2, 3, 7, 8], 3, [5]) == 3  # the first proposal rejected
+    assert agreed_prefix([1, 2], 3, [6]) == 2  # less cached than committed: all of it agrees
+    assert agreed_prefix([], 0, [4, 5]) == 0

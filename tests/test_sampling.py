@@ -219,3 +219,42 @@ def test_the_greedy_step_verdict_equals_the_general_one_on_one_hot_distributions
         g = int(gammas[b])
         ref = verify_greedy(drafts[b, :g].tolist(), argmax[b, : g + 1].tolist())
         assert (int(accepted[b]), int(last[b])) == (ref.accepted, ref.tokens[-1])
+
+
+def test_batched_proposals_draw_what_each_row_draws_alone() -> None:
+    """The draft's batched choice: every row gets the token, support and distribution :func:`draw_proposal` gives
+    it from the same seed (greedy, sampled, top-p and different top-k side by side), and a row that is not live
+    leaves its random stream where it was."""
+    from starsd.sampling import draft_generator, draw_proposal, draw_proposals
+
+    vocab = 40
+    logits = torch.randn(5, vocab, generator=torch.Generator().manual_seed(9)) * 3
+    params = [
+        SamplingParams(1.0),
+        SamplingParams(0.0),
+        SamplingParams(0.7, 0.8),
+        SamplingParams(1.3),
+        SamplingParams(1.0),
+    ]
+    top_ks = [6, 8, 3, 64, 6]
+    for draw in range(20):
+        live = [b != 4 or draw % 2 == 0 for b in range(5)]
+        batched = [draft_generator(100 * draw + b) for b in range(5)]
+        alone = [draft_generator(100 * draw + b) for b in range(5)]
+        tokens, ids, q = draw_proposals(logits, params, top_ks, batched, live)
+        assert ids is not None and q is not None and ids.shape[1] == vocab  # the largest top-k, capped at V
+        for b in range(5):
+            if not live[b]:
+                assert torch.equal(batched[b].get_state(), alone[b].get_state())  # nothing drawn
+                continue
+            d, row_ids, row_q = draw_proposal(logits[b], params[b], top_ks[b], alone[b])
+            assert int(tokens[b]) == d, (draw, b)
+            if row_ids is not None and row_q is not None:
+                # The same distribution over the vocabulary (ids of probability 0, past top-p, may come in any order).
+                k = row_ids.shape[0]
+                ours = dense_from_sparse(ids[b, :k], q[b, :k], vocab)
+                assert torch.allclose(ours, dense_from_sparse(row_ids, row_q, vocab), atol=1e-6), (draw, b)
+                assert float(q[b, k:].sum()) == 0.0
+            assert torch.equal(batched[b].get_state(), alone[b].get_state())  # the same draws were made
+    greedy, none_ids, none_q = draw_proposals(logits, [SamplingParams(0.0)] * 5, top_ks, [None] * 5)
+    assert greedy.tolist() == logits.argmax(-1).tolist() and none_ids is None and none_q is None

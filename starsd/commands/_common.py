@@ -72,6 +72,17 @@ def add_placement_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_cuda_graphs_arg(parser: argparse.ArgumentParser) -> None:
+    """``--cuda-graphs`` (see starsd.cuda_graphs)."""
+    parser.add_argument(
+        "--cuda-graphs",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="replay the draft's decoding steps from captured CUDA graphs (default auto: on with CUDA, "
+        "off on the CPU; on: refuse to start without CUDA)",
+    )
+
+
 def placement_error(args: argparse.Namespace) -> str | None:
     """The first problem with ``--device``/``--dtype``, or None (checked before any model is loaded)."""
     from starsd.devices import check_device, check_dtype

@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 
 from starsd import defaults
-from starsd.commands._common import add_placement_args, fail, placement_error
+from starsd.commands._common import add_cuda_graphs_arg, add_placement_args, fail, placement_error
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +65,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: $STARSD_TORCH_THREADS or 1)")
     add_placement_args(parser)
+    add_cuda_graphs_arg(parser)
     parser.add_argument("--tls-cert", type=Path, help="PEM certificate: serve gRPC over TLS (with --tls-key)")
     parser.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
     emu = parser.add_argument_group("emulation (benchmarks: no model, a fixed service time)")
@@ -107,12 +108,14 @@ def run(args: argparse.Namespace) -> int:
         if args.model is not None and args.model_process:
             from starsd.draft.model_process import ProcessProposer
 
-            proposer = ProcessProposer(args.model, args.threads, device=args.device, dtype=args.dtype)
+            proposer = ProcessProposer(
+                args.model, args.threads, device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs
+            )
         elif args.model is not None:
             from starsd.checkpoints import load_checkpoint, set_threads
 
             set_threads(args.threads)
-            proposer = ModelProposer(load_checkpoint(args.model, args.device, args.dtype))
+            proposer = ModelProposer(load_checkpoint(args.model, args.device, args.dtype), args.cuda_graphs)
         else:
             service = args.emulate_service_time
             curve = BatchCurve.parse(args.batch_curve, unbatched=service) if args.batch_curve else None

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from starsd.commands._common import (
     add_api_key_args,
+    add_cuda_graphs_arg,
     add_gamma_arg,
     add_placement_args,
     api_keys_or_error,
@@ -33,6 +34,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-dir", type=Path, help="where the processes' logs go (default: a temporary folder)")
     add_api_key_args(parser)
     add_placement_args(parser)
+    add_cuda_graphs_arg(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         dtype=args.dtype,
         api_keys=tuple(keys),
+        cuda_graphs=args.cuda_graphs,
     )
     drafts = "1 draft" if args.drafts == 1 else f"{args.drafts} drafts"
     print(f"starting {drafts} and {args.targets} targets (logs in {star.log_dir}) ...", flush=True)

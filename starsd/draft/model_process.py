@@ -54,13 +54,14 @@ class ProcessProposer:
         start_timeout: float = 600.0,
         device: str = "cpu",
         dtype: str = "float32",
+        cuda_graphs: str = "auto",
     ) -> None:
         checkpoint_dir(model)  # a wrong path is reported at once, before a process is started for it
         ctx = multiprocessing.get_context("spawn")  # no fork: the parent's threads and locks stay behind
         self._conn, child = ctx.Pipe()
         self._process = ctx.Process(
             target=worker_main,
-            args=(child, str(model), threads, device, dtype),
+            args=(child, str(model), threads, device, dtype, cuda_graphs),
             name="starsd-draft-model",
             daemon=True,
         )
@@ -140,7 +141,14 @@ class ProcessProposer:
         self._conn.close()
 
 
-def worker_main(conn: Connection, model: str, threads: int | None, device: str = "cpu", dtype: str = "float32") -> None:
+def worker_main(
+    conn: Connection,
+    model: str,
+    threads: int | None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    cuda_graphs: str = "auto",
+) -> None:
     """The model process: load the checkpoint, then answer batches until told to stop or the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server shuts us down
     from starsd.checkpoints import load_checkpoint, set_threads
@@ -151,10 +159,10 @@ def worker_main(conn: Connection, model: str, threads: int | None, device: str =
     set_threads(threads)
     try:
         loaded = load_checkpoint(model, device, dtype)
-    except ModelLoadError as exc:
+        runner = DraftRunner(loaded, cuda_graphs)
+    except (ModelLoadError, ValueError) as exc:
         conn.send(("error", str(exc)))
         return
-    runner = DraftRunner(loaded)
     info = proposer_info(loaded)
     conn.send(
         ("ready", (info.model_name, info.vocab_size, info.vocab_fingerprint, info.max_context, info.device, info.dtype))

@@ -51,10 +51,10 @@ class Proposer(Protocol):
 class ModelProposer:
     """Proposals from a real draft checkpoint (one forward pass per token, per session)."""
 
-    def __init__(self, loaded: LoadedModel) -> None:
+    def __init__(self, loaded: LoadedModel, cuda_graphs: str = "auto") -> None:
         from starsd.draft.runner import DraftRunner  # torch: only where the model runs in this process
 
-        self.runner = DraftRunner(loaded)
+        self.runner = DraftRunner(loaded, cuda_graphs)
         self.info = proposer_info(loaded)
 
     def new_state(self, seed: int | None) -> Any:

@@ -1,15 +1,20 @@
-"""The draft's model runner: per-session key/value caches, and proposals drawn one token at a time.
+"""The draft's model runner: every session's keys and values in one slot pool, proposals drawn for many
+sessions at once.
 
-A session's cache holds the keys and values of a prefix of its tokens, and the next forward pass feeds exactly
-the tokens after that prefix, so rollback is a crop. A request brings the tokens the target committed since the
-last request: the runner keeps the longest prefix of its cache that agrees with the committed text (its
-accepted proposals), crops the rest (the rejected ones), feeds the new tokens, then proposes ``gamma`` tokens one
-by one, for many sessions at once in :meth:`DraftRunner.propose_batch`. (The target's counterpart is
+A session's slot holds the keys and values of a prefix of its tokens, and the next forward pass feeds exactly
+the tokens after that prefix, so rollback is setting a length. A request brings the tokens the target committed
+since the last request: the runner keeps the longest prefix of its slot that agrees with the committed text (its
+accepted proposals; only the proposals are compared, the rest agreed already), drops the rest (the rejected
+ones), feeds the new tokens, then proposes ``gamma`` tokens one by one for every session of the batch with one
+forward pass per token (:meth:`DraftRunner.propose_batch`). The sessions' caches stay where they are (a
+:class:`starsd.kvcache.SlotPool`, as the target's), the chosen tokens stay on the device between passes, and
+the whole proposal comes to the host in one copy at the end. (The target's counterpart is
 :class:`starsd.verifier.runner.TargetRunner`.)
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,47 +23,22 @@ import torch
 
 from starsd.checkpoints import LoadedModel
 from starsd.proposals import DraftRequest, Proposal
-from starsd.sampling import SamplingParams, draft_generator, draw_proposal
+from starsd.sampling import SamplingParams, draft_generator, draw_proposals
 from starsd.seeding import request_seed
 
 
-def new_cache() -> Any:
-    """An empty per-session key/value cache (see starsd.kvcache)."""
-    from starsd import kvcache  # imports transformers: only once a model is in use
-
-    return kvcache.new_cache()
-
-
-def _forward(model: Any, tokens: list[int], cache: Any) -> torch.Tensor:
-    """Feed ``tokens`` after the cached prefix; returns logits ``[T, V]``."""
-    from starsd import kvcache
-
-    input_ids = torch.tensor([tokens], dtype=torch.long, device=model.device)  # [1, T]
-    out = model(input_ids=input_ids, use_cache=True, **kvcache.with_cache(cache))
-    logits: torch.Tensor = out.logits[0]  # [T, V]
-    return logits
-
-
-def _attention_4d(keys: torch.Tensor, queries: int) -> torch.Tensor:
-    """The full attention mask ``[B, 1, queries, K]`` (True: attend) for the last ``queries`` columns.
-
-    ``keys [B, K]`` marks the real (1) and padding (0) key columns; query ``i`` sits at column
-    ``K - queries + i`` and attends the real columns up to its own. Built here because transformers builds a
-    padded batch's mask with ``vmap``, which costs far more than the tiny draft's forward pass.
-    """
-    total = keys.shape[1]
-    columns = torch.arange(total, device=keys.device)
-    rows = torch.arange(total - queries, total, device=keys.device).unsqueeze(1)  # [queries, 1]
-    causal = columns.unsqueeze(0) <= rows  # [queries, K]
-    return keys.bool()[:, None, None, :] & causal[None, None, :, :]
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+def agreed_prefix(cached: list[int], before: int, new_tokens: list[int]) -> int:
+    """How many of a session's ``cached`` tokens agree with its committed text, which was ``before`` tokens long
+    (all of them agreeing with ``cached[:before]``) and has just grown by ``new_tokens``: only the tokens cached
+    past ``before`` (the last proposals) are compared."""
+    if len(cached) <= before:
+        return len(cached)
+    agreed = before
+    for mine, theirs in zip(cached[before:], new_tokens, strict=False):
+        if mine != theirs:
+            break
+        agreed += 1
+    return agreed
 
 
 @dataclass
@@ -66,17 +46,33 @@ class DraftSessionState:
     """The draft's private state for one target session."""
 
     committed: list[int] = field(default_factory=list)  # every token the target has committed so far
-    cached: list[int] = field(default_factory=list)  # tokens whose keys/values are in ``cache``
-    cache: Any = None
+    cached: list[int] = field(default_factory=list)  # tokens whose keys/values are in the slot
+    slot: Any = None  # starsd.kvcache.PoolSlot, from the session's first forward pass
     generator: torch.Generator | None = None
 
 
-class DraftRunner:
-    """Proposes tokens for many sessions from one small model (one session at a time)."""
+@dataclass
+class _Row:
+    """One session's share of a drafting batch."""
 
-    def __init__(self, loaded: LoadedModel) -> None:
+    index: int  # in the request list
+    feed: list[int]
+    gamma: int
+
+
+class DraftRunner:
+    """Proposes tokens for many sessions from one small model."""
+
+    def __init__(self, loaded: LoadedModel, cuda_graphs: str = "auto") -> None:
+        """``cuda_graphs``: ``auto`` (on with CUDA), ``on`` or ``off``: replay the decoding steps from captured
+        CUDA graphs (see :mod:`starsd.cuda_graphs`)."""
+        from starsd.cuda_graphs import graphs_enabled
+
         self.loaded = loaded
         self._lock = threading.Lock()  # one forward pass at a time on this model
+        self._pool: Any = None  # starsd.kvcache.SlotPool, made with the first forward pass
+        self._use_graphs = graphs_enabled(cuda_graphs, loaded.device)
+        self._graphs: Any = None  # starsd.cuda_graphs.DecodeGraphs, made with the pool when graphs are used
 
     @property
     def vocab_size(self) -> int:
@@ -85,32 +81,38 @@ class DraftRunner:
     def new_state(self, seed: int | None) -> DraftSessionState:
         """A session's state; ``seed`` is the request's seed (the draft's own stream is derived from it)."""
         generator = draft_generator(request_seed(seed), self.loaded.device)
-        return DraftSessionState(cache=new_cache(), generator=generator)
+        return DraftSessionState(generator=generator)
+
+    def _slot_pool(self) -> Any:
+        if self._pool is None:
+            from starsd import kvcache  # imports transformers: only once a model is in use
+            from starsd.verifier.memory import kv_geometry
+
+            model = self.loaded.model
+            layers, heads, head_dim = kv_geometry(model.config)
+            self._pool = kvcache.SlotPool(layers, heads, head_dim, self.loaded.placement.dtype, self.loaded.device)
+            kvcache.use_pool_attention(model)
+            if self._use_graphs:
+                from starsd.cuda_graphs import DecodeGraphs
+
+                self._graphs = DecodeGraphs(model, self._pool)
+        return self._pool
+
+    def _logits_to_keep(self) -> bool:
+        return "logits_to_keep" in inspect.signature(self.loaded.model.forward).parameters
 
     def _sync(self, state: DraftSessionState, new_tokens: list[int], gamma: int) -> tuple[list[int], int]:
-        """Append the newly committed tokens, crop rejected proposals from the cache; return (feed, gamma)."""
+        """Append the newly committed tokens, drop rejected proposals from the slot; return (feed, gamma)."""
+        before = len(state.committed)
         state.committed.extend(new_tokens)
         committed = state.committed
+        # Keep the cached prefix that agrees with the committed text; at least one token must be fed.
+        keep = max(0, min(agreed_prefix(state.cached, before, new_tokens), len(committed) - 1))
+        del state.cached[keep:]
         gamma = max(0, min(gamma, self.loaded.max_context - len(committed)))
         if gamma == 0 or not committed:
             return [], 0
-        # Keep the cached prefix that agrees with the committed text; at least one token must be fed.
-        keep = min(_common_prefix(state.cached, committed), len(committed) - 1)
-        if keep < len(state.cached):
-            state.cache.crop(keep)
-            del state.cached[keep:]
         return committed[keep:], gamma
-
-    def _choose(
-        self, logits: torch.Tensor, params: SamplingParams, top_k: int, state: DraftSessionState, out: Proposal
-    ) -> int:
-        """Pick the next proposed token from ``logits [V]`` and record it (and its distribution) in ``out``."""
-        d, ids, q = draw_proposal(logits, params, top_k, state.generator)
-        if ids is not None and q is not None:
-            out.q_ids.append(ids.tolist())
-            out.q_probs.append(q.tolist())
-        out.token_ids.append(d)
-        return d
 
     def propose(
         self,
@@ -121,95 +123,100 @@ class DraftRunner:
         top_k: int,
     ) -> Proposal:
         """Append ``new_tokens`` to the session's committed text and propose up to ``gamma`` tokens."""
-        proposal = Proposal(token_ids=[])
-        with self._lock, torch.inference_mode():
-            feed, gamma = self._sync(state, new_tokens, gamma)
-            for step in range(gamma):
-                logits = _forward(self.loaded.model, feed, state.cache)[-1]  # [V]
-                state.cached.extend(feed)
-                d = self._choose(logits, params, top_k, state, proposal)
-                if step + 1 < gamma:
-                    feed = [d]
-        return proposal
+        return self.propose_batch([DraftRequest(state, new_tokens, gamma, params, top_k)])[0]
 
     def propose_batch(self, requests: list[DraftRequest]) -> list[Proposal]:
-        """Propose for several sessions with one forward pass per step (the sessions' caches stay apart).
-
-        Each session's cache is left-padded to a common length and its new tokens right-padded to a common
-        width; an attention mask hides the padding and explicit position ids keep every row at its own
-        positions. After the last step each row's new keys and values go back into its own session's cache.
-        """
-        if len(requests) == 1:
-            r = requests[0]
-            return [self.propose(r.state, r.new_tokens, r.gamma, r.params, r.top_k)]
+        """Propose for several sessions with one forward pass per drafted token (the sessions' caches stay in
+        their slots): the first pass feeds each session's new tokens right-aligned (a mask hides the padding,
+        explicit positions keep every row at its own), the next ones feed each row its last proposal."""
         proposals = [Proposal(token_ids=[]) for _ in requests]
         with self._lock, torch.inference_mode():
-            rows: list[tuple[int, list[int], int]] = []  # (request index, feed, gamma)
+            rows: list[_Row] = []
             for i, r in enumerate(requests):
                 feed, gamma = self._sync(r.state, r.new_tokens, r.gamma)
                 if gamma:
-                    rows.append((i, feed, gamma))
+                    rows.append(_Row(i, feed, gamma))
             if rows:
                 self._batched_steps(requests, rows, proposals)
         return proposals
 
-    def _batched_steps(
-        self, requests: list[DraftRequest], rows: list[tuple[int, list[int], int]], proposals: list[Proposal]
-    ) -> None:
+    def _batched_steps(self, requests: list[DraftRequest], rows: list[_Row], proposals: list[Proposal]) -> None:
         from starsd import kvcache
 
-        states = [requests[i].state for i, _, _ in rows]
+        pool = self._slot_pool()
+        states = [requests[row.index].state for row in rows]
+        for s in states:
+            if s.slot is None:
+                s.slot = pool.take()
+        steps = max(row.gamma for row in rows)
         cached = [len(s.cached) for s in states]
-        widths = [len(feed) for _, feed, _ in rows]
-        past, width, steps = max(cached), max(widths), max(g for _, _, g in rows)
+        widths = [len(row.feed) for row in rows]
+        pool.reserve(1 + max(c + w for c, w in zip(cached, widths, strict=True)) + steps)
+        slots = [s.slot for s in states]
+        at = pool.rows_of(slots)
+        model, device = self.loaded.model, self.loaded.device
+        params = [requests[row.index].params for row in rows]
+        top_ks = [requests[row.index].top_k for row in rows]
+        generators = [s.generator for s in states]
         batch = len(rows)
-        total = past + width + steps - 1  # every column this batch will hold
-        layers = self.loaded.model.config.num_hidden_layers
-        cache = kvcache.batch_cache([s.cache for s in states], cached, layers, total)
-        # Row b: its cache right-aligned in [past - n, past), its feed from ``past`` (right-padded to
-        # ``width``), then one column per drafting step; the mask marks the real columns.
-        device = self.loaded.device
-        mask = torch.zeros(batch, total, dtype=torch.bool)
-        input_ids = torch.zeros(batch, width, dtype=torch.long)
-        for b, ((_, feed, _), n) in enumerate(zip(rows, cached, strict=True)):
-            mask[b, past - n : past + len(feed)] = True
-            input_ids[b, : len(feed)] = torch.tensor(feed)
-        mask, input_ids = mask.to(device), input_ids.to(device)
-        base = torch.tensor(cached, device=device).unsqueeze(1)  # [B, 1]: each row's first new position
-        positions = base + torch.arange(width, device=device)
-        model = self.loaded.model
-        filled = past + width
+        graphs = self._graphs
+        inputs = kvcache.step_inputs([row.feed for row in rows], at, cached, widths, device, graphs is not None)
+        kwargs: dict[str, Any] = {"logits_to_keep": 1} if self._logits_to_keep() else {}  # the last position only
+        cache = pool.step_cache(slots, cached, widths, inputs)
         logits = model(
-            input_ids=input_ids,
-            attention_mask=_attention_4d(mask[:, :filled], width),
-            position_ids=positions,
-            **kvcache.with_cache(cache),
-        ).logits
-        next_logits = logits[torch.arange(batch, device=device), torch.tensor(widths, device=device) - 1]  # [B, V]
-        step_base = base + torch.tensor(widths, device=device).unsqueeze(1)  # [B, 1]: the first drafted position
-        for step in range(steps):
-            chosen = []
-            for b, (i, _, gamma) in enumerate(rows):
-                r = requests[i]
-                if step < gamma:
-                    chosen.append(self._choose(next_logits[b], r.params, r.top_k, r.state, proposals[i]))
-                else:
-                    chosen.append(0)
-            if step + 1 == steps:
-                break
-            mask[:, filled] = True
-            filled += 1
-            out = model(
-                input_ids=torch.tensor(chosen, device=device).unsqueeze(1),
-                attention_mask=_attention_4d(mask[:, :filled], 1),
-                position_ids=step_base + step,
-                **kvcache.with_cache(cache),
-            )
-            next_logits = out.logits[:, -1]
-        # Hand each row's new keys/values back to its own session: its feed, then the tokens it fed.
-        for b, ((i, feed, gamma), s) in enumerate(zip(rows, states, strict=True)):
-            fed_steps = gamma - 1  # the last proposal is never fed
-            spans = [(past, past + len(feed)), (past + width, past + width + fed_steps)]
-            kvcache.copy_row(cache, b, spans, s.cache, layers)
-            s.cached.extend(feed)
-            s.cached.extend(proposals[i].token_ids[:fed_steps])
+            input_ids=inputs.input_ids, use_cache=True, **kvcache.with_cache(cache), **inputs.model_kwargs(), **kwargs
+        ).logits[:, -1]  # [B, V]
+        drawn = [draw_proposals(logits, params, top_ks, generators)]  # per step: (tokens [B], ids, q)
+        lengths = [c + w for c, w in zip(cached, widths, strict=True)]
+        ones = [1] * batch
+        for step in range(1, steps):
+            # Every row feeds its last draw (a row past its own gamma too: its extra keys are never attended).
+            inputs = inputs.next_token()
+            logits = None
+            if graphs is not None and inputs.positions is not None and inputs.mask is not None:
+                logits = graphs.logits(drawn[-1][0], inputs.rows, inputs.positions, inputs.mask)  # None: eager
+            if logits is None:
+                cache = pool.step_cache(slots, lengths, ones, inputs)
+                logits = model(
+                    input_ids=drawn[-1][0].unsqueeze(1),
+                    use_cache=True,
+                    **kvcache.with_cache(cache),
+                    **inputs.model_kwargs(),
+                ).logits[:, -1]
+            live = [step < row.gamma for row in rows]
+            drawn.append(draw_proposals(logits, params, top_ks, generators, live))
+            lengths = [n + 1 for n in lengths]
+        tokens, ids, q = _to_host(drawn)  # the proposal's one device-to-host copy
+        for b, (row, state) in enumerate(zip(rows, states, strict=True)):
+            out = proposals[row.index]
+            out.token_ids = [tokens[t][b] for t in range(row.gamma)]
+            if ids is not None and q is not None and not params[b].greedy:
+                out.q_ids = [ids[t][b][: min(top_ks[b], self.vocab_size)] for t in range(row.gamma)]
+                out.q_probs = [q[t][b][: min(top_ks[b], self.vocab_size)] for t in range(row.gamma)]
+            state.cached.extend(row.feed)
+            state.cached.extend(out.token_ids[: row.gamma - 1])  # the last proposal is never fed
+
+
+def _to_host(
+    drawn: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]],
+) -> tuple[list[list[int]], list[list[list[int]]] | None, list[list[list[float]]] | None]:
+    """Every step's draws ``tokens [B]``, ``ids [B, K]``, ``q [B, K]`` in one device-to-host copy: token and
+    support ids are exact in float64 (below 2**53), and float32 probabilities are too."""
+    steps, batch = len(drawn), drawn[0][0].shape[0]
+    tokens = torch.stack([d[0] for d in drawn]).double()  # [S, B]
+    sampled = drawn[0][1] is not None
+    if not sampled:
+        return [[int(t) for t in row] for row in tokens.tolist()], None, None
+    ids = torch.stack([d[1] for d in drawn if d[1] is not None]).double()  # [S, B, K]
+    q = torch.stack([d[2] for d in drawn if d[2] is not None]).double()
+    k = ids.shape[-1]
+    flat = torch.cat([tokens.reshape(-1), ids.reshape(-1), q.reshape(-1)]).tolist()
+    n = steps * batch
+    host_tokens = [[int(flat[t * batch + b]) for b in range(batch)] for t in range(steps)]
+    id_values, q_values = flat[n : n + n * k], flat[n + n * k :]
+    host_ids = [
+        [[int(v) for v in id_values[(t * batch + b) * k : (t * batch + b + 1) * k]] for b in range(batch)]
+        for t in range(steps)
+    ]
+    host_q = [[q_values[(t * batch + b) * k : (t * batch + b + 1) * k] for b in range(batch)] for t in range(steps)]
+    return host_tokens, host_ids, host_q

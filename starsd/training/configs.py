@@ -16,11 +16,12 @@ class ModelSpec:
 
     hidden_size: int  # width of the residual stream
     num_layers: int  # decoder blocks
-    num_heads: int  # attention heads (key/value heads: the same, no grouping)
+    num_heads: int  # attention heads
     intermediate_size: int  # width of the SwiGLU feed-forward layer
     max_position_embeddings: int = 1024  # longest context the checkpoint accepts
     rope_theta: float = 10000.0
     initializer_range: float = 0.02  # std of the normal initialisation
+    num_kv_heads: int | None = None  # key/value heads (grouped-query attention when fewer); None: num_heads
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -43,7 +44,7 @@ def llama_config(spec: ModelSpec, vocab_size: int, bos_token_id: int, eos_token_
         hidden_size=spec.hidden_size,
         num_hidden_layers=spec.num_layers,
         num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads or spec.num_heads,
         intermediate_size=spec.intermediate_size,
         max_position_embeddings=spec.max_position_embeddings,
         initializer_range=spec.initializer_range,

@@ -5,7 +5,9 @@ or a chunk of it, or the tokens committed last round) followed by its drafts ``d
 keys and values live in its own slot of one preallocated pool (:class:`starsd.kvcache.SlotPool`), left-aligned,
 so a step copies no cache: the forward pass writes the new keys in place and attends its rows' slots. The feeds
 are right-aligned in one padded batch, so that every row's last ``gamma + 1`` positions (the ones verification
-needs) are the batch's last columns, and a 4-D mask (see :func:`step_layout`) hides the padding. Rows of very
+needs) are the batch's last columns, and a 4-D mask hides the padding; the mask, positions and slot indices
+are built on the device from one upload per pass (:func:`starsd.kvcache.step_inputs`), and the rows of a pass
+run in slot order, so that the sessions in consecutive slots are attended where they lie. Rows of very
 different widths (a long prompt chunk beside one-token decodes) run as separate forward passes in the same
 step, so that decodes are not padded to a prompt's width.
 
@@ -87,27 +89,6 @@ class TokenLogprobs:
     top: list[tuple[int, float]]  # (token id, log-probability), most likely first
 
 
-def step_layout(cached: list[int], widths: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The attention mask ``[B, 1, W, K]`` (True: attend) and position ids ``[B, W]`` of a forward pass.
-
-    Row ``b`` has ``cached[b]`` keys in columns ``[0, cached[b])`` and feeds ``widths[b]`` tokens right-aligned in
-    ``W = max(widths)`` query positions, whose keys go to the columns after its cached ones; ``K`` is the widest
-    row's ``cached + width``. A real query attends its row's columns up to its own; a padding query attends only
-    column 0 (always a real key), so that no attention row is empty (an empty one would make NaNs).
-    """
-    width = max(widths)
-    total = max(c + w for c, w in zip(cached, widths, strict=True))
-    c = torch.tensor(cached, device=device).unsqueeze(1)  # [B, 1]
-    w = torch.tensor(widths, device=device).unsqueeze(1)
-    offsets = torch.arange(width, device=device).unsqueeze(0)  # [1, W]
-    real = offsets >= width - w  # [B, W]
-    positions = torch.where(real, c + offsets - (width - w), 0)  # [B, W]: each query's own column
-    columns = torch.arange(total, device=device)  # [K]
-    mask = columns[None, None, :] <= positions[:, :, None]  # [B, W, K]
-    mask &= real[:, :, None] | (columns == 0)[None, None, :]
-    return mask.unsqueeze(1), positions
-
-
 def width_groups(widths: list[int]) -> list[list[int]]:
     """Split row indices into forward passes of similar width (sorted by width; a new pass where padding would
     more than double the narrower rows' work)."""
@@ -136,6 +117,7 @@ class TargetRunner:
         self.pool = kvcache.SlotPool(layers, heads, head_dim, loaded.placement.dtype, self.device, kv_tokens)
         params = inspect.signature(loaded.model.forward).parameters
         self._logits_to_keep = "logits_to_keep" in params
+        kvcache.use_pool_attention(loaded.model)
 
     def new_session(self, prompt: list[int]) -> TargetSession:
         if not prompt:
@@ -162,8 +144,12 @@ class TargetRunner:
                 if row.session.slot is None:
                     row.session.slot = self.pool.take()
             self.pool.reserve(1 + max(r.session.cached_len + len(f) for r, f in zip(rows, feeds, strict=True)))
+            slots = self.pool.rows_of([r.session.slot for r in rows])
             for group in width_groups([len(f) for f in feeds]):
-                out = self._forward([rows[i] for i in group], [feeds[i] for i in group], keep)
+                group.sort(key=lambda i: slots[i])  # rows in slot order: consecutive slots are read in place
+                out = self._forward(
+                    [rows[i] for i in group], [feeds[i] for i in group], [slots[i] for i in group], keep
+                )
                 for j, i in enumerate(group):
                     logits[i] = out[j]
             verifying = [i for i, r in enumerate(rows) if r.verify]
@@ -188,27 +174,22 @@ class TargetRunner:
             self._commit(row, outcome)
         return outcomes
 
-    def _forward(self, rows: list[StepRow], feeds: list[list[int]], keep: int) -> torch.Tensor:
-        """One forward pass; returns logits ``[B, keep, V]`` at each row's last ``keep`` positions (a row
-        with fewer positions repeats its first; only its own last ``gamma + 1`` are read)."""
+    def _forward(self, rows: list[StepRow], feeds: list[list[int]], slots: list[int], keep: int) -> torch.Tensor:
+        """One forward pass over rows held in pool rows ``slots``; returns logits ``[B, keep, V]`` at each row's
+        last ``keep`` positions (a row with fewer positions repeats its first; only its own last ``gamma + 1``
+        are read). Its inputs go to the device in one copy (:func:`starsd.kvcache.step_inputs`)."""
         from starsd import kvcache  # imports transformers: only once a model is in use
 
-        device = self.device
         cached = [r.session.cached_len for r in rows]
         widths = [len(f) for f in feeds]
         width = max(widths)
-        cache = self.pool.step_cache([r.session.slot for r in rows], cached, widths)
-        input_ids = torch.zeros(len(rows), width, dtype=torch.long)
-        for b, feed in enumerate(feeds):
-            input_ids[b, width - len(feed) :] = torch.tensor(feed)
-        kwargs: dict[str, Any] = {}
-        if len(rows) > 1:  # one row has no padding: the model's own causal mask and positions are right
-            mask, positions = step_layout(cached, widths, device)
-            kwargs.update(attention_mask=mask, position_ids=positions)
+        inputs = kvcache.step_inputs(feeds, slots, cached, widths, self.device)
+        cache = self.pool.step_cache([r.session.slot for r in rows], cached, widths, inputs)
+        kwargs: dict[str, Any] = inputs.model_kwargs()
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = min(keep, width)
         out = self.loaded.model(
-            input_ids=input_ids.to(device),
+            input_ids=inputs.input_ids,
             use_cache=True,
             **kvcache.with_cache(cache),
             **kwargs,
@@ -217,6 +198,8 @@ class TargetRunner:
 
     def _verify(self, rows: list[StepRow], logits: list[torch.Tensor], keep: int) -> list[tuple[int, int]]:
         """Verify every row at once on the device; one host copy for the whole step."""
+        from starsd import kvcache
+
         if not rows:
             return []
         width = keep - 1
@@ -228,19 +211,21 @@ class TargetRunner:
             [_front(row_logits, g + 1) for row_logits, g in zip(logits, gammas, strict=True)]
         )  # [B, keep, V]
         target_logits = processed_logits(rows, gammas, target_logits[..., :vocab])
-        drafts = torch.zeros(len(rows), width, dtype=torch.long)
-        for b, r in enumerate(rows):
-            drafts[b, : len(r.drafts)] = torch.tensor(r.drafts, dtype=torch.long)
-        drafts = drafts.to(device)
+        packed = [*gammas]
+        for r in rows:
+            packed.extend(r.drafts)
+            packed.extend([0] * (width - len(r.drafts)))
+        values = kvcache.upload(packed, device)  # the verification's one host-to-device copy
+        gamma_t, drafts = values[: len(rows)], values[len(rows) :].view(len(rows), width)
         if all(r.params.greedy for r in rows):  # the common case needs no distributions: argmax only
-            accepted, last = greedy_verdict(drafts, torch.tensor(gammas, device=device), target_logits[..., :vocab])
+            accepted, last = greedy_verdict(drafts, gamma_t, target_logits[..., :vocab])
             pairs = torch.stack([accepted, last]).tolist()  # the step's one device-to-host copy
             return list(zip(pairs[0], pairs[1], strict=True))
         target_probs = probs_batch(target_logits[..., :vocab], [r.params for r in rows])
         draft_probs = _draft_distributions(rows, drafts, width, vocab, device)
         generators = [None if r.params.greedy else r.generator for r in rows]
         uniforms, races = step_draws(gammas, width, vocab, generators, device)
-        verdict = verify_batch(drafts, torch.tensor(gammas, device=device), draft_probs, target_probs, uniforms, races)
+        verdict = verify_batch(drafts, gamma_t, draft_probs, target_probs, uniforms, races)
         pairs = torch.stack([verdict.accepted, verdict.last]).tolist()  # the step's one device-to-host copy
         return list(zip(pairs[0], pairs[1], strict=True))
 
