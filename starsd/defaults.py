@@ -32,6 +32,9 @@ OPERATOR_METRICS_PORT: Final = 8081  # the operator's own Prometheus metrics (/m
 API_KEY_ENV: Final = "STARSD_API_KEY"
 
 # --- Placement ---------------------------------------------------------------------------------------------
+# The node a pod runs on (the operator sets it from the downward API's spec.nodeName); a process that cannot use
+# the GPU it was told to use names the node in its message (starsd.devices.cuda_refusal).
+NODE_NAME_ENV: Final = "STARSD_NODE_NAME"
 DTYPES: Final = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 on CUDA, float32 on the CPU
 
 # --- The draft ---------------------------------------------------------------------------------------------

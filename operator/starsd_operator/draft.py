@@ -33,7 +33,7 @@ def statefulset(owner: Owner, spec: ClusterSpec, images: podspec.Images) -> dict
             "--metrics-port",
             str(c.DRAFT_METRICS_PORT),
             "--device",
-            "auto",
+            podspec.device_for(draft.placement.resources),
             "--dtype",
             draft.dtype,
             "--max-batch",
@@ -65,14 +65,19 @@ def statefulset(owner: Owner, spec: ClusterSpec, images: podspec.Images) -> dict
             "updateStrategy": {"type": "RollingUpdate"},
             "revisionHistoryLimit": 5,
             "selector": {"matchLabels": naming.selector_labels(owner, c.COMPONENT_DRAFT)},
-            "template": podtemplate.merge(
-                {
-                    "metadata": {"labels": naming.labels(owner, c.COMPONENT_DRAFT)},
-                    "spec": podspec.pod_spec(
-                        container_spec=container, model=draft.model, placement=draft.placement, lc=draft.lifecycle
-                    ),
-                },
-                draft.pod_template,
+            "template": podspec.pin_device(
+                podtemplate.merge(
+                    {
+                        "metadata": {"labels": naming.labels(owner, c.COMPONENT_DRAFT)},
+                        "spec": podspec.pod_spec(
+                            container_spec=container,
+                            model=draft.model,
+                            placement=draft.placement,
+                            lc=draft.lifecycle,
+                        ),
+                    },
+                    draft.pod_template,
+                )
             ),
         },
     }

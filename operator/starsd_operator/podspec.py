@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from starsd import defaults
+
 from . import constants as c
 from . import lifecycle, modelsource
 from .modelsource import ModelSource
@@ -63,11 +65,29 @@ def common_env() -> list[dict[str, Any]]:
     return [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        # The node, named in the message of a process that cannot use the GPU it was told to (starsd.devices).
+        {"name": defaults.NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "HOME", "value": TMP_PATH},
         {"name": "HF_HOME", "value": f"{TMP_PATH}/huggingface"},
         {"name": "HF_HUB_OFFLINE", "value": "1"},
         {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
     ]
+
+
+def device_for(resources: Mapping[str, Any]) -> str:
+    """The serving process's ``--device``: ``cuda`` for a container that asks for a GPU, else ``cpu``. Never
+    ``auto``: a GPU pod whose image cannot use the GPU stops with a reason instead of decoding on the CPU while
+    holding the GPU, and a CPU pod never grabs a GPU it did not ask for."""
+    return "cuda" if lifecycle.wants_gpu(resources) else "cpu"
+
+
+def pin_device(template: dict[str, Any]) -> dict[str, Any]:
+    """``template`` (a merged pod template) with its serving container's ``--device`` set from that container's
+    resources as merged, so a GPU asked for in a ``podTemplate`` counts too."""
+    serving = template["spec"]["containers"][0]
+    command = serving["command"]
+    command[command.index("--device") + 1] = device_for(serving.get("resources") or {})
+    return template
 
 
 def container(

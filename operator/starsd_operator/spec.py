@@ -39,7 +39,7 @@ class DraftSpec:
     model: ModelSource
     image: str | None = None
     placement: Placement = field(default_factory=Placement)
-    dtype: str = "auto"  # the pod's device is always auto: its GPU when it has one
+    dtype: str = "auto"  # the pod's device: cuda when its container asks for a GPU, else cpu (podspec)
     max_batch: int = defaults.DRAFT_MAX_BATCH  # requests drafted together per step
     schedule: str = defaults.DRAFT_SCHEDULES[0]
     pod_template: PodTemplate | None = None  # merged into the operator's pod (see .podtemplate)

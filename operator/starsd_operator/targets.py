@@ -46,7 +46,7 @@ def statefulset(
             str(target.gamma),
             *(["--adaptive-gamma"] if target.adaptive_gamma else []),
             "--device",
-            "auto",
+            podspec.device_for(pool.placement.resources),
             "--dtype",
             target.dtype,
             "--max-num-seqs",
@@ -66,17 +66,19 @@ def statefulset(
         lc=target.lifecycle,
         drain=True,
     )
-    template = podtemplate.merge(
-        {
-            "metadata": {
-                "labels": naming.labels(owner, c.COMPONENT_TARGET, pool.name),
-                **({"annotations": notes} if (notes := apikey.template_annotations(api_key)) else {}),
+    template = podspec.pin_device(
+        podtemplate.merge(
+            {
+                "metadata": {
+                    "labels": naming.labels(owner, c.COMPONENT_TARGET, pool.name),
+                    **({"annotations": notes} if (notes := apikey.template_annotations(api_key)) else {}),
+                },
+                "spec": podspec.pod_spec(
+                    container_spec=container, model=model, placement=pool.placement, lc=target.lifecycle
+                ),
             },
-            "spec": podspec.pod_spec(
-                container_spec=container, model=model, placement=pool.placement, lc=target.lifecycle
-            ),
-        },
-        pool.pod_template,
+            pool.pod_template,
+        )
     )
     metadata = naming.metadata(owner, name, c.COMPONENT_TARGET, pool.name)
     metadata["annotations"] = {rollout.ANNOTATION_TEMPLATE_HASH: rollout.template_hash(template)}

@@ -136,7 +136,7 @@ def test_the_draft_statefulset() -> None:
         "--metrics-port",
         "9090",
         "--device",
-        "auto",
+        "cuda",
         "--dtype",
         "auto",
         "--max-batch",
@@ -172,7 +172,7 @@ def test_the_target_statefulset_of_a_pool() -> None:
         "--gamma",
         "4",
         "--device",
-        "auto",
+        "cuda",
         "--dtype",
         "auto",
         "--max-num-seqs",
@@ -302,14 +302,46 @@ def test_precision_and_batching_reach_the_commands() -> None:
         "float16",
         "16",
         "fair",
-        "auto",
+        "cpu",
     ]
     assert [flag(target_command, n) for n in ("--dtype", "--max-num-seqs", "--kv-cache-tokens", "--device")] == [
         "bfloat16",
         "128",
         "90000",
-        "auto",
+        "cpu",
     ]
+
+
+def device(obj: dict[str, Any]) -> str:
+    command = only_container(obj)["command"]
+    return str(command[command.index("--device") + 1])
+
+
+def test_a_role_that_asks_for_a_gpu_runs_on_cuda_and_a_cpu_only_role_on_the_cpu() -> None:
+    spec = placed_spec()  # the draft and pool h100 ask for a GPU, pool l4 does not
+    assert device(draft.statefulset(f.OWNER, spec, IMAGES)) == "cuda"
+    assert device(targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES)) == "cuda"
+    assert device(targets.statefulset(f.OWNER, spec, spec.pools[1], 1, IMAGES)) == "cpu"
+    bare = cluster_spec()
+    assert device(draft.statefulset(f.OWNER, bare, IMAGES)) == "cpu"
+
+
+def test_a_gpu_asked_for_in_a_pod_template_counts_as_asked_for() -> None:
+    gpu_template = {"spec": {"containers": [{"name": c.COMPONENT_TARGET, "resources": GPU}]}}
+    spec = cluster_spec(pools=[{"name": "a100", "podTemplate": gpu_template}])
+    assert device(targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES)) == "cuda"
+    zero = {"spec": {"containers": [{"name": c.COMPONENT_DRAFT, "resources": {"limits": {"nvidia.com/gpu": "0"}}}]}}
+    spec = cluster_spec(draft={"model": {"path": "/d"}, "resources": GPU, "podTemplate": zero})
+    assert device(draft.statefulset(f.OWNER, spec, IMAGES)) == "cpu"
+
+
+def test_pods_know_their_node_from_the_downward_api() -> None:
+    spec = placed_spec()
+    for obj in (draft.statefulset(f.OWNER, spec, IMAGES), targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES)):
+        container = only_container(obj)
+        assert env(container)["STARSD_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+        assert container["terminationMessagePath"] == "/dev/termination-log"
+        assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
 def test_an_unknown_dtype_is_a_spec_error() -> None:
