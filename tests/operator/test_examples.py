@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -60,3 +61,27 @@ def test_the_derived_image_puts_the_checkpoints_where_the_example_looks() -> Non
         path = sample[role]["model"]["path"]
         assert f"COPY models/{role} {path}\n" in dockerfile, role
         assert Path(f.REPO / "models" / role / "config.json").is_file(), role
+
+
+HINT = re.compile(r"^\s*#\s+(model:\s*\{.*\})\s*$")
+
+
+def test_every_inline_model_hint_in_the_examples_is_a_model_the_crd_accepts() -> None:
+    hints = [
+        (path.name, yaml.safe_load(m.group(1))["model"])
+        for path in sorted(EXAMPLES.rglob("*.yaml"))
+        for line in path.read_text().splitlines()
+        if (m := HINT.match(line))
+    ]
+    assert hints, "the example shows how to load a model from a claim"
+    for name, model in hints:
+        cluster = f.sample()
+        cluster["spec"]["draft"]["model"] = model
+        assert errors(schema(), cluster) == [], f"{name}: {model}"
+        specmod.parse(cluster["spec"])  # one source, as the operator reads it
+
+
+def test_the_hint_check_refuses_the_fields_of_a_claim_given_as_a_model() -> None:
+    cluster = f.sample()
+    cluster["spec"]["draft"]["model"] = {"claimName": "m", "subPath": "draft", "path": "/models/draft"}
+    assert errors(schema(), cluster) != []
