@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from starsd import defaults
+
 from . import apikey, naming, podspec, podtemplate, rollout
 from . import constants as c
 from .naming import Owner
@@ -65,8 +67,9 @@ def statefulset(
         extra_env=[{"name": "STARSD_POOL", "value": pool.name}, *apikey.env(spec.auth)],
         lc=target.lifecycle,
         drain=True,
+        sizes=target.size_limits,
     )
-    template = podspec.pin_device(
+    template = podspec.settle_serving(
         podtemplate.merge(
             {
                 "metadata": {
@@ -74,11 +77,16 @@ def statefulset(
                     **({"annotations": notes} if (notes := apikey.template_annotations(api_key)) else {}),
                 },
                 "spec": podspec.pod_spec(
-                    container_spec=container, model=model, placement=pool.placement, lc=target.lifecycle
+                    container_spec=container,
+                    model=model,
+                    placement=pool.placement,
+                    lc=target.lifecycle,
+                    sizes=target.size_limits,
                 ),
             },
             pool.pod_template,
-        )
+        ),
+        {"cpu": defaults.TARGET_CPU_REQUEST, "memory": defaults.TARGET_MEMORY_REQUEST},
     )
     metadata = naming.metadata(owner, name, c.COMPONENT_TARGET, pool.name)
     metadata["annotations"] = {rollout.ANNOTATION_TEMPLATE_HASH: rollout.template_hash(template)}
