@@ -24,7 +24,9 @@ def test_fake_gpu_nodes_in_two_pools_are_ready(cluster: Cluster) -> None:
     h100_taints = [
         n["spec"].get("taints", []) for n in nodes if n["metadata"]["labels"].get("starsd.io/pool") == "h100"
     ]
-    assert all(any(t["key"] == "starsd.io/pool" and t["effect"] == "NoSchedule" for t in ts) for ts in h100_taints)
+    assert h100_taints and all(
+        any(t["key"] == "nvidia.com/gpu" and t["effect"] == "NoSchedule" for t in ts) for ts in h100_taints
+    )
 
 
 def test_every_fake_node_heartbeats_through_a_lease(cluster: Cluster) -> None:
@@ -70,7 +72,7 @@ spec:
     metadata: {labels: {app: gpu-app}}
     spec:
       nodeSelector: {starsd.io/pool: h100}
-      tolerations: [{key: starsd.io/pool, operator: Equal, value: h100, effect: NoSchedule}]
+      tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
       containers:
         - name: app
           image: registry.invalid/app:1
@@ -90,7 +92,7 @@ def test_deployment_is_scheduled_on_its_pool_and_becomes_ready(cluster: Cluster,
 
 def test_taint_keeps_pods_without_a_toleration_off_the_pool(cluster: Cluster, namespace: str) -> None:
     untolerated = DEPLOYMENT.replace("gpu-app", "no-toleration").replace(
-        "      tolerations: [{key: starsd.io/pool, operator: Equal, value: h100, effect: NoSchedule}]\n", ""
+        "      tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]\n", ""
     )
     cluster.apply(untolerated, namespace=namespace)
 

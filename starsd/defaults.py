@@ -32,7 +32,24 @@ OPERATOR_METRICS_PORT: Final = 8081  # the operator's own Prometheus metrics (/m
 API_KEY_ENV: Final = "STARSD_API_KEY"
 
 # --- Placement ---------------------------------------------------------------------------------------------
+# The node a pod runs on (the operator sets it from the downward API's spec.nodeName); a process that cannot use
+# the GPU it was told to use names the node in its message (starsd.devices.cuda_refusal).
+NODE_NAME_ENV: Final = "STARSD_NODE_NAME"
 DTYPES: Final = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 on CUDA, float32 on the CPU
+
+# --- Pod resources (the operator's pods) --------------------------------------------------------------------
+# CPU and memory requested by a role's container when its spec's resources name neither (requests nor limits):
+# the pods are Burstable, never BestEffort (the first evicted under memory pressure). Sized for small models;
+# a large checkpoint wants spec.*.resources.requests of its own (host memory of about its size while it loads).
+DRAFT_CPU_REQUEST: Final = "1"
+DRAFT_MEMORY_REQUEST: Final = "4Gi"
+TARGET_CPU_REQUEST: Final = "2"
+TARGET_MEMORY_REQUEST: Final = "8Gi"
+# sizeLimit of the pods' emptyDir volumes (spec.draft.sizeLimits, spec.target.sizeLimits): /tmp (caches under
+# HOME), /dev/shm (memory-backed, GPU pods only) and a model downloaded without a cache claim.
+TMP_SIZE_LIMIT: Final = "1Gi"
+SHM_SIZE_LIMIT: Final = "1Gi"
+MODEL_SIZE_LIMIT: Final = "100Gi"
 
 # --- The draft ---------------------------------------------------------------------------------------------
 DRAFT_MAX_BATCH: Final = 32  # a real model's requests per step: 32 cost 2.5x one on a CPU (measured)

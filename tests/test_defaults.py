@@ -78,6 +78,11 @@ EXPECTED: dict[str, dict[str, Any]] = {
     "target.maxPrefillTokens": {"default": d.MAX_PREFILL_TOKENS, "minimum": 1},
     "target.gamma": {"default": d.GAMMA},  # its range is a CEL rule (checked below)
     "target.adaptiveGamma": {"default": False},
+    **{
+        f"{role}.sizeLimits.{key}": {"default": value}
+        for role in ("draft", "target")
+        for key, value in (("tmp", d.TMP_SIZE_LIMIT), ("shm", d.SHM_SIZE_LIMIT), ("model", d.MODEL_SIZE_LIMIT))
+    },
     "target.rollout.minReadySeconds": {
         "default": d.MIN_READY_SECONDS,
         "minimum": 0,
@@ -113,7 +118,10 @@ EXPECTED: dict[str, dict[str, Any]] = {
     },
 }
 # Fields whose bounds are Kubernetes' (tolerations, label selectors) or a model source's, not StarSD's defaults.
-FOREIGN = re.compile(r"(^|\.)(model|podTemplate|tolerations\[\]|policies\[\]\.value|clients\[\])(\.|$)|kvCacheTokens$")
+# (sizeLimits.model is StarSD's: the size of a model's emptyDir.)
+FOREIGN = re.compile(
+    r"(^|(?<!sizeLimits)\.)(model|podTemplate|tolerations\[\]|policies\[\]\.value|clients\[\])(\.|$)|kvCacheTokens$"
+)
 CHECKED = ("default", "minimum", "maximum", "enum")
 
 
@@ -277,3 +285,14 @@ def test_the_commands_refuse_a_gamma_outside_the_range(
     argv = [command, "--gamma", str(gamma)] + (["--model", "/nonexistent"] if command == "target" else [])
     assert main(argv) == 2
     assert f"--gamma must be in {d.GAMMA_MIN}..{d.GAMMA_MAX}, got {gamma}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("crd_path", CRDS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_crds_resources_descriptions_give_the_default_requests(crd_path: Path) -> None:
+    spec = yaml.safe_load(crd_path.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"][
+        "spec"
+    ]
+    draft = spec["properties"]["draft"]["properties"]["resources"]["description"]
+    pool = spec["properties"]["pools"]["items"]["properties"]["resources"]["description"]
+    assert f'cpu "{d.DRAFT_CPU_REQUEST}" and memory {d.DRAFT_MEMORY_REQUEST}' in " ".join(draft.split())
+    assert f'cpu "{d.TARGET_CPU_REQUEST}" and memory {d.TARGET_MEMORY_REQUEST}' in " ".join(pool.split())

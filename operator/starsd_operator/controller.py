@@ -19,6 +19,7 @@ from . import (
     apikey,
     children,
     churn,
+    diagnose,
     draft,
     draftcount,
     drift,
@@ -494,6 +495,8 @@ def tick(
     if spec is not None:
         obs, rebalanced = _rebalance(kube, body, memory, spec, obs, now=now, fetch=fetch, config=config)
         events += rebalanced
+    if spec is not None:
+        events += gpu_warnings(memory, spec, observed)
     new = status.build(obs, previous, now)
     if spec is not None:
         drafts = draftcount.status(memory.draft_readings, memory.draft_decision, previous, now)["drafts"]
@@ -516,15 +519,32 @@ def external_autoscaler(kube: Kube, owner: Owner) -> str | None:
     return None
 
 
-def _warn_once(memory: Memory, reason: str, message: str, active: bool) -> list[Event]:
-    """A Warning Event the first time ``active`` holds, none while it keeps holding, re-armed once it clears."""
+def _warn_once(memory: Memory, reason: str, message: str, active: bool, key: str | None = None) -> list[Event]:
+    """A Warning Event the first time ``active`` holds, none while it keeps holding, re-armed once it clears;
+    ``key`` (default: the reason) tells apart causes of one reason (one pool from another)."""
+    key = key or reason
     if not active:
-        memory.warned.discard(reason)
+        memory.warned.discard(key)
         return []
-    if reason in memory.warned:
+    if key in memory.warned:
         return []
-    memory.warned.add(reason)
+    memory.warned.add(key)
     return [Event("Warning", reason, message)]
+
+
+def gpu_warnings(memory: Memory, spec: ClusterSpec, observed: status.Children) -> list[Event]:
+    """A ``GPUUnusable`` Warning per role (the drafts, each pool) whose pods stop because they cannot use the
+    GPU they ask for (a CPU-only image, no visible GPU: :mod:`.diagnose`), once while it lasts."""
+    roles = [("draft", observed.pods_of(c.COMPONENT_DRAFT))]
+    roles += [(f"pool {p.name}", observed.pods_of(c.COMPONENT_TARGET, p.name)) for p in spec.pools]
+    events: list[Event] = []
+    for role, pods in roles:
+        problem = diagnose.first_problem(pods)
+        unusable = problem is not None and problem.reason == diagnose.GPU_UNUSABLE
+        message = problem.message if problem is not None else ""
+        message = message if message.startswith(role) else f"{role}: {message}"
+        events += _warn_once(memory, diagnose.GPU_UNUSABLE, message, unusable, key=f"{diagnose.GPU_UNUSABLE}/{role}")
+    return events
 
 
 def _rebalance(

@@ -11,9 +11,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from starsd.devices import CUDA_REFUSAL  # torch-free: the words a process told --device cuda stops with
+
+from . import constants as c
+
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
 CONFIG_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
 TERMINATION_MESSAGE_LIMIT = 300
+# A GPU pod whose process cannot use a GPU (a CPU-only image, no visible GPU): the condition's and the Warning
+# Event's reason; the message names the pool, the node and the image variant.
+GPU_UNUSABLE = "GPUUnusable"
 
 
 @dataclass(frozen=True)
@@ -79,7 +86,9 @@ def deployment_problems(deployment: Mapping[str, Any] | None) -> list[Problem]:
 
 def pod_problems(pod: Mapping[str, Any]) -> list[Problem]:
     """What keeps ``pod`` from running: scheduling, image, configuration, crashes, failure."""
-    name = (pod.get("metadata") or {}).get("name", "?")
+    meta = pod.get("metadata") or {}
+    name = meta.get("name", "?")
+    pool = (meta.get("labels") or {}).get(c.LABEL_POOL)
     status = pod.get("status") or {}
     problems: list[Problem] = []
     if status.get("phase") == "Failed":
@@ -90,7 +99,7 @@ def pod_problems(pod: Mapping[str, Any]) -> list[Problem]:
             problems.append(Problem(reason, _join(f"pod {name} cannot be scheduled", cond.get("message"))))
     statuses = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
     for container in statuses:
-        problem = _container_problem(name, container)
+        problem = _container_problem(name, container, pool)
         if problem is not None:
             problems.append(problem)
     return problems
@@ -112,7 +121,7 @@ def first_problem(
     return None
 
 
-def _container_problem(pod: str, container: Mapping[str, Any]) -> Problem | None:
+def _container_problem(pod: str, container: Mapping[str, Any], pool: str | None = None) -> Problem | None:
     cname = container.get("name", "?")
     where = f"pod {pod} container {cname}"
     state = container.get("state") or {}
@@ -125,17 +134,27 @@ def _container_problem(pod: str, container: Mapping[str, Any]) -> Problem | None
     if reason in CONFIG_REASONS:
         return Problem("ContainerConfigError", _join(f"{where}: {reason}", waiting.get("message")))
     if terminated and terminated.get("exitCode", 0) != 0:
-        return Problem("ContainerFailing", _exited(where, terminated, container))
+        return _failing(where, terminated, container, pool)
     failed_before = last and last.get("exitCode", 0) != 0 and int(container.get("restartCount") or 0) > 0
     if reason == "CrashLoopBackOff" or (failed_before and not container.get("ready")):
-        return Problem("ContainerFailing", _exited(where, last or terminated, container))
+        return _failing(where, last or terminated, container, pool)
     return None
 
 
-def _exited(where: str, terminated: Mapping[str, Any], container: Mapping[str, Any]) -> str:
-    """``where`` exited: the process's own last words (its termination message) come first."""
+def _failing(where: str, terminated: Mapping[str, Any], container: Mapping[str, Any], pool: str | None) -> Problem:
+    """A container that exits; one that refused the GPU it was told to use is named, with its pool."""
+    if CUDA_REFUSAL in str(terminated.get("message") or ""):
+        head = f"pool {pool}: {where}" if pool else where
+        return Problem(GPU_UNUSABLE, _exited(head, terminated, container, whole=True))
+    return Problem("ContainerFailing", _exited(where, terminated, container))
+
+
+def _exited(where: str, terminated: Mapping[str, Any], container: Mapping[str, Any], *, whole: bool = False) -> str:
+    """``where`` exited: the process's own last words (its termination message) come first; ``whole``
+    keeps all of them (a message of the process's own, short, and naming the node at its start)."""
     detail = f"exit code {terminated.get('exitCode', '?')}, {int(container.get('restartCount') or 0)} restarts"
-    said = _tail(str(terminated.get("message") or "").strip())
+    said = str(terminated.get("message") or "").strip()
+    said = said if whole else _tail(said)
     reason = terminated.get("reason")
     head = f"{where} exited ({detail}{', ' + reason if reason and reason != 'Error' else ''})"
     return f"{head}: {said}" if said else head

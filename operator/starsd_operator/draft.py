@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from starsd import defaults
+
 from . import constants as c
 from . import naming, podspec, podtemplate
 from .naming import Owner
@@ -33,7 +35,7 @@ def statefulset(owner: Owner, spec: ClusterSpec, images: podspec.Images) -> dict
             "--metrics-port",
             str(c.DRAFT_METRICS_PORT),
             "--device",
-            "auto",
+            podspec.device_for(draft.placement.resources),
             "--dtype",
             draft.dtype,
             "--max-batch",
@@ -49,6 +51,7 @@ def statefulset(owner: Owner, spec: ClusterSpec, images: podspec.Images) -> dict
         model=draft.model,
         resources=draft.placement.resources,
         lc=draft.lifecycle,
+        sizes=draft.size_limits,
     )
     return {
         "apiVersion": "apps/v1",
@@ -65,14 +68,21 @@ def statefulset(owner: Owner, spec: ClusterSpec, images: podspec.Images) -> dict
             "updateStrategy": {"type": "RollingUpdate"},
             "revisionHistoryLimit": 5,
             "selector": {"matchLabels": naming.selector_labels(owner, c.COMPONENT_DRAFT)},
-            "template": podtemplate.merge(
-                {
-                    "metadata": {"labels": naming.labels(owner, c.COMPONENT_DRAFT)},
-                    "spec": podspec.pod_spec(
-                        container_spec=container, model=draft.model, placement=draft.placement, lc=draft.lifecycle
-                    ),
-                },
-                draft.pod_template,
+            "template": podspec.settle_serving(
+                podtemplate.merge(
+                    {
+                        "metadata": {"labels": naming.labels(owner, c.COMPONENT_DRAFT)},
+                        "spec": podspec.pod_spec(
+                            container_spec=container,
+                            model=draft.model,
+                            placement=draft.placement,
+                            lc=draft.lifecycle,
+                            sizes=draft.size_limits,
+                        ),
+                    },
+                    draft.pod_template,
+                ),
+                {"cpu": defaults.DRAFT_CPU_REQUEST, "memory": defaults.DRAFT_MEMORY_REQUEST},
             ),
         },
     }

@@ -103,8 +103,12 @@ def wants_gpu(resources: Mapping[str, Any]) -> bool:
     )
 
 
-def shm(resources: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """``(volumes, mounts)`` of a memory-backed ``/dev/shm`` for a GPU container; nothing for a CPU one."""
+def shm(
+    resources: Mapping[str, Any], size_limit: str = d.SHM_SIZE_LIMIT
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(volumes, mounts)`` of a memory-backed ``/dev/shm`` of at most ``size_limit`` for a GPU container;
+    nothing for a CPU one."""
     if not wants_gpu(resources):
         return [], []
-    return [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}], [{"name": SHM_VOLUME, "mountPath": SHM_PATH}]
+    volume = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": size_limit}}
+    return [volume], [{"name": SHM_VOLUME, "mountPath": SHM_PATH}]

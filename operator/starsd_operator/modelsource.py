@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from starsd import modeluri
+from starsd import defaults, modeluri
 
 from .errors import SpecError
 
@@ -132,8 +132,8 @@ def _name(parent: Any, key: str, field: str, where: str) -> str | None:
     return name
 
 
-def volumes(model: ModelSource) -> list[dict[str, Any]]:
-    """The pod's volumes for ``model``."""
+def volumes(model: ModelSource, size_limit: str = defaults.MODEL_SIZE_LIMIT) -> list[dict[str, Any]]:
+    """The pod's volumes for ``model``; a download into the pod gets an emptyDir of at most ``size_limit``."""
     if model.pvc is not None:
         claim = {"claimName": model.pvc.claim_name, "readOnly": model.pvc.read_only}
         return [{"name": MODEL_VOLUME, "persistentVolumeClaim": claim}]
@@ -141,7 +141,7 @@ def volumes(model: ModelSource) -> list[dict[str, Any]]:
         return []
     if model.cache_claim is not None:
         return [{"name": CACHE_VOLUME, "persistentVolumeClaim": {"claimName": model.cache_claim}}]
-    return [{"name": MODEL_VOLUME, "emptyDir": {}}]
+    return [{"name": MODEL_VOLUME, "emptyDir": {"sizeLimit": size_limit}}]
 
 
 def mounts(model: ModelSource) -> list[dict[str, Any]]:

@@ -6,10 +6,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from starsd import defaults
+
 from . import constants as c
 from . import lifecycle, modelsource
 from .modelsource import ModelSource
-from .spec import Placement
+from .spec import Placement, SizeLimits
 
 TMP_VOLUME = "tmp"
 TMP_PATH = "/tmp"
@@ -63,11 +65,44 @@ def common_env() -> list[dict[str, Any]]:
     return [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        # The node, named in the message of a process that cannot use the GPU it was told to (starsd.devices).
+        {"name": defaults.NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "HOME", "value": TMP_PATH},
         {"name": "HF_HOME", "value": f"{TMP_PATH}/huggingface"},
         {"name": "HF_HUB_OFFLINE", "value": "1"},
         {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
     ]
+
+
+def device_for(resources: Mapping[str, Any]) -> str:
+    """The serving process's ``--device``: ``cuda`` for a container that asks for a GPU, else ``cpu``. Never
+    ``auto``: a GPU pod whose image cannot use the GPU stops with a reason instead of decoding on the CPU while
+    holding the GPU, and a CPU pod never grabs a GPU it did not ask for."""
+    return "cuda" if lifecycle.wants_gpu(resources) else "cpu"
+
+
+def settle_serving(template: dict[str, Any], default_requests: Mapping[str, str]) -> dict[str, Any]:
+    """``template`` (a merged pod template) with its serving container finished from its resources as merged
+    (so what a ``podTemplate`` gives counts too): ``--device`` set by :func:`device_for`, and the role's
+    ``default_requests`` (cpu, memory) added by :func:`with_default_requests`."""
+    serving = template["spec"]["containers"][0]
+    resources = with_default_requests(serving.get("resources") or {}, default_requests)
+    serving["resources"] = resources
+    command = serving["command"]
+    command[command.index("--device") + 1] = device_for(resources)
+    return template
+
+
+def with_default_requests(resources: Mapping[str, Any], defaults_: Mapping[str, str]) -> dict[str, Any]:
+    """``resources`` with a request from ``defaults_`` (cpu, memory) for each resource it names nowhere
+    (neither in requests nor in limits, whose value Kubernetes copies into a missing request, so a default
+    never exceeds a limit): the pod is Burstable at least, never BestEffort. What is given is kept as given."""
+    out = {k: dict(v) for k, v in resources.items()}
+    named = {name for kind in ("requests", "limits") for name in out.get(kind) or {}}
+    missing = {name: value for name, value in defaults_.items() if name not in named}
+    if missing:
+        out["requests"] = {**(out.get("requests") or {}), **missing}
+    return out
 
 
 def container(
@@ -82,11 +117,12 @@ def container(
     extra_env: list[dict[str, Any]] | None = None,
     lc: lifecycle.Lifecycle | None = None,
     drain: bool = False,
+    sizes: SizeLimits | None = None,
 ) -> dict[str, Any]:
     """One data-plane container. A missing model ends the process with a message in
     ``/dev/termination-log``; ``FallbackToLogsOnError`` keeps the log's tail when it could not write one.
     With ``drain`` the container's preStop hook drains it (a target); a GPU container gets ``/dev/shm``."""
-    _, shm_mounts = lifecycle.shm(resources)
+    _, shm_mounts = lifecycle.shm(resources, (sizes or SizeLimits()).shm)
     out = {
         "name": name,
         "image": image,
@@ -112,15 +148,17 @@ def pod_spec(
     model: ModelSource,
     placement: Placement,
     lc: lifecycle.Lifecycle | None = None,
+    sizes: SizeLimits | None = None,
 ) -> dict[str, Any]:
     """A pod spec around one container, with the placement's node selector and tolerations, and the model's
-    volumes and downloader (:mod:`.modelsource`)."""
+    volumes and downloader (:mod:`.modelsource`). Every emptyDir has a ``sizeLimit`` (``sizes``)."""
+    sizes = sizes or SizeLimits()
     spec: dict[str, Any] = {
         "containers": [container_spec],
         "volumes": [
-            {"name": TMP_VOLUME, "emptyDir": {}},
-            *modelsource.volumes(model),
-            *lifecycle.shm(container_spec.get("resources") or {})[0],
+            {"name": TMP_VOLUME, "emptyDir": {"sizeLimit": sizes.tmp}},
+            *modelsource.volumes(model, sizes.model),
+            *lifecycle.shm(container_spec.get("resources") or {}, sizes.shm)[0],
         ],
         "securityContext": pod_security_context(),
         # The data plane never calls the API server, and needs no Service environment variables.

@@ -8,6 +8,7 @@ and raises :class:`SpecError` with a field path for what would otherwise be a ``
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,18 +35,32 @@ class Placement:
     tolerations: list[dict[str, Any]] = field(default_factory=list)
 
 
+# A positive Kubernetes quantity (the CRD's sizeLimits pattern).
+QUANTITY = re.compile(r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[kMGTPE])?$")
+
+
+@dataclass(frozen=True)
+class SizeLimits:
+    """``sizeLimits`` of a role: the most its pods' emptyDir volumes may hold (the kubelet evicts a pod over it)."""
+
+    tmp: str = defaults.TMP_SIZE_LIMIT  # /tmp: HOME and its caches
+    shm: str = defaults.SHM_SIZE_LIMIT  # /dev/shm of a GPU pod (memory-backed: counts as the pod's memory)
+    model: str = defaults.MODEL_SIZE_LIMIT  # a model downloaded into the pod (a uri source without a cache claim)
+
+
 @dataclass(frozen=True)
 class DraftSpec:
     model: ModelSource
     image: str | None = None
     placement: Placement = field(default_factory=Placement)
-    dtype: str = "auto"  # the pod's device is always auto: its GPU when it has one
+    dtype: str = "auto"  # the pod's device: cuda when its container asks for a GPU, else cpu (podspec)
     max_batch: int = defaults.DRAFT_MAX_BATCH  # requests drafted together per step
     schedule: str = defaults.DRAFT_SCHEDULES[0]
     pod_template: PodTemplate | None = None  # merged into the operator's pod (see .podtemplate)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)  # probes and grace period (see .lifecycle)
     disruption: Disruption = field(default_factory=Disruption)  # its PodDisruptionBudget (see .disruption)
     replicas: int = defaults.DRAFT_REPLICAS  # draft pods; every target lists them all (see starsd.assignment)
+    size_limits: SizeLimits = field(default_factory=SizeLimits)
 
 
 @dataclass(frozen=True)
@@ -60,6 +75,7 @@ class TargetSpec:
     max_prefill_tokens: int = defaults.MAX_PREFILL_TOKENS
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     rollout: RolloutPolicy = field(default_factory=RolloutPolicy)  # how a change rolls (see .rollout)
+    size_limits: SizeLimits = field(default_factory=SizeLimits)  # every pool's pods
 
 
 @dataclass(frozen=True)
@@ -186,6 +202,7 @@ def parse(spec: Mapping[str, Any]) -> ClusterSpec:
             lifecycle=lifecycle.parse(draft, "spec.draft"),
             disruption=disruption.parse(draft, "spec.draft"),
             replicas=drafts,
+            size_limits=_size_limits(draft, "spec.draft"),
         ),
         target=TargetSpec(
             model=_model(target, "spec.target"),
@@ -198,6 +215,7 @@ def parse(spec: Mapping[str, Any]) -> ClusterSpec:
             max_prefill_tokens=_int(target, "maxPrefillTokens", "spec.target", defaults.MAX_PREFILL_TOKENS, minimum=1),
             lifecycle=lifecycle.parse(target, "spec.target"),
             rollout=rollout.parse(target, "spec.target"),
+            size_limits=_size_limits(target, "spec.target"),
         ),
         replicas=_int(targets, "replicas", "spec.targets", defaults.TARGET_REPLICAS, minimum=0),
         pools=pools,
@@ -386,6 +404,21 @@ def _rules(parent: Mapping[str, Any], key: str, window: int, step: int) -> Scali
 
 def _model(parent: Mapping[str, Any], where: str) -> ModelSource:
     return modelsource.parse(parent.get("model"), f"{where}.model")
+
+
+def _size_limits(parent: Mapping[str, Any], where: str) -> SizeLimits:
+    raw = parent.get("sizeLimits") or {}
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{where}.sizeLimits must be an object")
+    given = {}
+    for key in ("tmp", "shm", "model"):
+        value = raw.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or not QUANTITY.match(value) or not re.search(r"[1-9]", value):
+            raise SpecError(f"{where}.sizeLimits.{key} must be a positive quantity such as 2Gi, got {value!r}")
+        given[key] = value
+    return SizeLimits(**given)
 
 
 def _pod_template(parent: Mapping[str, Any], where: str) -> PodTemplate | None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from starsd import defaults
+
 from . import apikey, naming, podspec, podtemplate, rollout
 from . import constants as c
 from .naming import Owner
@@ -46,7 +48,7 @@ def statefulset(
             str(target.gamma),
             *(["--adaptive-gamma"] if target.adaptive_gamma else []),
             "--device",
-            "auto",
+            podspec.device_for(pool.placement.resources),
             "--dtype",
             target.dtype,
             "--max-num-seqs",
@@ -65,18 +67,26 @@ def statefulset(
         extra_env=[{"name": "STARSD_POOL", "value": pool.name}, *apikey.env(spec.auth)],
         lc=target.lifecycle,
         drain=True,
+        sizes=target.size_limits,
     )
-    template = podtemplate.merge(
-        {
-            "metadata": {
-                "labels": naming.labels(owner, c.COMPONENT_TARGET, pool.name),
-                **({"annotations": notes} if (notes := apikey.template_annotations(api_key)) else {}),
+    template = podspec.settle_serving(
+        podtemplate.merge(
+            {
+                "metadata": {
+                    "labels": naming.labels(owner, c.COMPONENT_TARGET, pool.name),
+                    **({"annotations": notes} if (notes := apikey.template_annotations(api_key)) else {}),
+                },
+                "spec": podspec.pod_spec(
+                    container_spec=container,
+                    model=model,
+                    placement=pool.placement,
+                    lc=target.lifecycle,
+                    sizes=target.size_limits,
+                ),
             },
-            "spec": podspec.pod_spec(
-                container_spec=container, model=model, placement=pool.placement, lc=target.lifecycle
-            ),
-        },
-        pool.pod_template,
+            pool.pod_template,
+        ),
+        {"cpu": defaults.TARGET_CPU_REQUEST, "memory": defaults.TARGET_MEMORY_REQUEST},
     )
     metadata = naming.metadata(owner, name, c.COMPONENT_TARGET, pool.name)
     metadata["annotations"] = {rollout.ANNOTATION_TEMPLATE_HASH: rollout.template_hash(template)}

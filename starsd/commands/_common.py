@@ -84,15 +84,16 @@ def add_cuda_graphs_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def placement_error(args: argparse.Namespace) -> str | None:
-    """The first problem with ``--device``/``--dtype``, or None (checked before any model is loaded)."""
-    from starsd.devices import check_device, check_dtype
+    """The first problem with ``--device``/``--dtype``, or None (checked before any model is loaded): a flag
+    that names no device, or ``cuda`` where no GPU is usable (a CPU-only torch build, no visible GPU)."""
+    from starsd.devices import check_device, check_dtype, start_check
 
     try:
         check_device(args.device)
         check_dtype(args.dtype)
     except ValueError as exc:
         return str(exc)
-    return None
+    return start_check(args.device)
 
 
 def add_api_key_args(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,9 @@ from starsd_operator import children, draft, naming, network, targets
 from starsd_operator import constants as c
 from starsd_operator.modelsource import MODEL_ROOT
 from starsd_operator.podspec import Images
-from starsd_operator.spec import ClusterSpec, parse
+from starsd_operator.spec import ClusterSpec, SpecError, parse
+
+from starsd import defaults as d
 
 from . import factories as f
 
@@ -136,7 +138,7 @@ def test_the_draft_statefulset() -> None:
         "--metrics-port",
         "9090",
         "--device",
-        "auto",
+        "cuda",
         "--dtype",
         "auto",
         "--max-batch",
@@ -145,7 +147,7 @@ def test_the_draft_statefulset() -> None:
         "fifo",
     ]
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"grpc": 50051, "metrics": 9090}
-    assert container["resources"] == GPU
+    assert container["resources"] == {**GPU, "requests": {"cpu": "1", "memory": "4Gi"}}  # the defaults fill in
     spec = pod_spec(dep)
     assert spec["nodeSelector"] == {"starsd.io/pool": "l4"}
     assert spec["tolerations"] == TAINT
@@ -172,7 +174,7 @@ def test_the_target_statefulset_of_a_pool() -> None:
         "--gamma",
         "4",
         "--device",
-        "auto",
+        "cuda",
         "--dtype",
         "auto",
         "--max-num-seqs",
@@ -182,7 +184,8 @@ def test_the_target_statefulset_of_a_pool() -> None:
         "--id",
         "$(POD_NAME)",
     ]
-    assert container["resources"] == {"limits": {"nvidia.com/gpu": "1", "memory": "80Gi"}}
+    # memory is named by a limit (Kubernetes requests as much), so only cpu gets the default request
+    assert container["resources"] == {"limits": {"nvidia.com/gpu": "1", "memory": "80Gi"}, "requests": {"cpu": "2"}}
     assert env(container)["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env(container)["STARSD_POOL"] == "h100"
     assert pod_spec(sts)["nodeSelector"] == {"starsd.io/pool": "h100"}
@@ -194,7 +197,7 @@ def test_a_pool_without_placement_has_no_selector_tolerations_or_resources() -> 
     sts = targets.statefulset(f.OWNER, spec, spec.pools[1], 1, IMAGES)
     assert "nodeSelector" in pod_spec(sts)
     assert "tolerations" not in pod_spec(sts)
-    assert only_container(sts)["resources"] == {}
+    assert only_container(sts)["resources"] == {"requests": {"cpu": "2", "memory": "8Gi"}}
     bare = cluster_spec()
     sts = targets.statefulset(f.OWNER, bare, bare.pools[1], 1, IMAGES)
     assert "nodeSelector" not in pod_spec(sts)
@@ -245,7 +248,7 @@ def test_pods_run_unprivileged_with_a_read_only_root(component: str) -> None:
     assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"] == {"drop": ["ALL"]}
     # The read-only root needs a writable scratch directory, and HOME points there.
     assert {"name": "tmp", "mountPath": "/tmp"} in only_container(obj)["volumeMounts"]
-    assert {"name": "tmp", "emptyDir": {}} in pod["volumes"]
+    assert {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}} in pod["volumes"]
     assert env(only_container(obj))["HOME"] == "/tmp"
 
 
@@ -302,14 +305,103 @@ def test_precision_and_batching_reach_the_commands() -> None:
         "float16",
         "16",
         "fair",
-        "auto",
+        "cpu",
     ]
     assert [flag(target_command, n) for n in ("--dtype", "--max-num-seqs", "--kv-cache-tokens", "--device")] == [
         "bfloat16",
         "128",
         "90000",
-        "auto",
+        "cpu",
     ]
+
+
+def device(obj: dict[str, Any]) -> str:
+    command = only_container(obj)["command"]
+    return str(command[command.index("--device") + 1])
+
+
+def test_a_role_that_asks_for_a_gpu_runs_on_cuda_and_a_cpu_only_role_on_the_cpu() -> None:
+    spec = placed_spec()  # the draft and pool h100 ask for a GPU, pool l4 does not
+    assert device(draft.statefulset(f.OWNER, spec, IMAGES)) == "cuda"
+    assert device(targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES)) == "cuda"
+    assert device(targets.statefulset(f.OWNER, spec, spec.pools[1], 1, IMAGES)) == "cpu"
+    bare = cluster_spec()
+    assert device(draft.statefulset(f.OWNER, bare, IMAGES)) == "cpu"
+
+
+def test_a_gpu_asked_for_in_a_pod_template_counts_as_asked_for() -> None:
+    gpu_template = {"spec": {"containers": [{"name": c.COMPONENT_TARGET, "resources": GPU}]}}
+    spec = cluster_spec(pools=[{"name": "a100", "podTemplate": gpu_template}])
+    assert device(targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES)) == "cuda"
+    zero = {"spec": {"containers": [{"name": c.COMPONENT_DRAFT, "resources": {"limits": {"nvidia.com/gpu": "0"}}}]}}
+    spec = cluster_spec(draft={"model": {"path": "/d"}, "resources": GPU, "podTemplate": zero})
+    assert device(draft.statefulset(f.OWNER, spec, IMAGES)) == "cpu"
+
+
+def test_pods_know_their_node_from_the_downward_api() -> None:
+    spec = placed_spec()
+    for obj in (draft.statefulset(f.OWNER, spec, IMAGES), targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES)):
+        container = only_container(obj)
+        assert env(container)["STARSD_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+        assert container["terminationMessagePath"] == "/dev/termination-log"
+        assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_every_role_requests_cpu_and_memory_so_no_pod_is_best_effort() -> None:
+    bare = cluster_spec()
+    drafts = only_container(draft.statefulset(f.OWNER, bare, IMAGES))["resources"]
+    pool = only_container(targets.statefulset(f.OWNER, bare, bare.pools[0], 1, IMAGES))["resources"]
+    assert drafts == {"requests": {"cpu": d.DRAFT_CPU_REQUEST, "memory": d.DRAFT_MEMORY_REQUEST}}
+    assert pool == {"requests": {"cpu": d.TARGET_CPU_REQUEST, "memory": d.TARGET_MEMORY_REQUEST}}
+
+
+def test_given_requests_or_limits_are_kept_and_a_default_never_exceeds_a_limit() -> None:
+    mine = {"requests": {"cpu": "500m"}, "limits": {"memory": "2Gi"}}
+    spec = cluster_spec(pools=[{"name": "small", "resources": mine}])
+    got = only_container(targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES))["resources"]
+    assert got == mine  # memory is named by its limit: Kubernetes requests as much
+    small = {"spec": {"containers": [{"name": c.COMPONENT_TARGET, "resources": {"limits": {"memory": "1Gi"}}}]}}
+    spec = cluster_spec(pools=[{"name": "tiny", "podTemplate": small}])
+    got = only_container(targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES))["resources"]
+    assert got == {"limits": {"memory": "1Gi"}, "requests": {"cpu": d.TARGET_CPU_REQUEST}}
+
+
+def empty_dirs(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {v["name"]: v["emptyDir"] for v in pod_spec(obj)["volumes"] if "emptyDir" in v}
+
+
+def test_every_empty_dir_has_a_size_limit_and_the_spec_sets_them() -> None:
+    downloaded = {"uri": "hf://org/model@main"}
+    spec = cluster_spec(
+        draft={"model": downloaded, "resources": GPU},
+        target={"model": downloaded},
+        pools=[{"name": "h100", "resources": GPU}],
+    )
+    objs = [draft.statefulset(f.OWNER, spec, IMAGES), targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES)]
+    for obj in objs:
+        dirs = empty_dirs(obj)
+        assert set(dirs) == {"tmp", "model", "dshm"}
+        assert {name: v["sizeLimit"] for name, v in dirs.items()} == {
+            "tmp": d.TMP_SIZE_LIMIT,
+            "model": d.MODEL_SIZE_LIMIT,
+            "dshm": d.SHM_SIZE_LIMIT,
+        }
+    sizes = {"tmp": "3Gi", "shm": "16Gi", "model": "500Gi"}
+    spec = cluster_spec(
+        draft={"model": downloaded, "resources": GPU, "sizeLimits": sizes},
+        target={"model": downloaded, "sizeLimits": {"model": "40Gi"}},
+        pools=[{"name": "h100", "resources": GPU}],
+    )
+    dirs = empty_dirs(draft.statefulset(f.OWNER, spec, IMAGES))
+    assert [dirs[n]["sizeLimit"] for n in ("tmp", "dshm", "model")] == ["3Gi", "16Gi", "500Gi"]
+    dirs = empty_dirs(targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES))
+    assert [dirs[n]["sizeLimit"] for n in ("tmp", "dshm", "model")] == [d.TMP_SIZE_LIMIT, d.SHM_SIZE_LIMIT, "40Gi"]
+
+
+@pytest.mark.parametrize("bad", ["", "0", "-1Gi", "lots", 5])
+def test_a_size_limit_that_is_no_positive_quantity_is_a_spec_error(bad: object) -> None:
+    with pytest.raises(SpecError, match=r"spec\.target\.sizeLimits\.tmp"):
+        cluster_spec(target={"model": {"path": "/t"}, "sizeLimits": {"tmp": bad}})
 
 
 def test_an_unknown_dtype_is_a_spec_error() -> None:

@@ -15,6 +15,8 @@ from starsd_operator.loadclient import LoadUnavailable
 from starsd_operator.rebalancer import Load
 from starsd_operator.spec import SpecError
 
+from starsd.devices import cuda_refusal
+
 from . import factories as f
 from .fakekube import FakeKube
 
@@ -498,3 +500,42 @@ def test_saturated_drafts_with_demand_get_one_more_draft_through_the_spec() -> N
     assert len(changed) == 1
     last = changed[0].status_patch["drafts"]["lastRebalance"]
     assert (last["from"], last["to"]) == (1, 2)
+
+
+def gpu_refusing_pod(pool: str, node: str) -> dict[str, Any]:
+    said = cuda_refusal("cuda", torch_version="2.9.0+cpu", cuda_build=None, visible=0, node=node)
+    pod = f.pod(
+        f"chat-target-{pool}-0",
+        c.COMPONENT_TARGET,
+        pool,
+        phase="Running",
+        containerStatuses=[
+            {
+                "name": c.COMPONENT_TARGET,
+                "ready": False,
+                "restartCount": 3,
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {"terminated": {"exitCode": 2, "reason": "Error", "message": said}},
+            }
+        ],
+    )
+    pod.update(kind="Pod")
+    pod["metadata"].update(
+        namespace=f.OWNER.namespace, labels={**pod["metadata"]["labels"], c.LABEL_MANAGED_BY: c.MANAGED_BY}
+    )
+    return pod
+
+
+def test_a_pool_whose_pods_cannot_use_their_gpu_shows_in_status_and_one_warning_event() -> None:
+    body = f.body()
+    kube, memory = reconciled(body)
+    kube.edit("StatefulSet", "ml", "chat-target-h100", lambda o: o["status"].update(readyReplicas=0))
+    kube.put(gpu_refusing_pod("h100", "gpu-node-4"))
+    result = controller.tick(kube, body, CONFIG, memory, now=T0, fetch=lambda _u: under_loaded(_u))
+    targets_ready = conditions(result)[c.COND_TARGETS_READY]
+    assert targets_ready["status"] == "False" and targets_ready["reason"] == "GPUUnusable"
+    assert "pool h100" in targets_ready["message"] and "gpu-node-4" in targets_ready["message"]
+    [event] = [e for e in result.events if e.reason == "GPUUnusable"]
+    assert event.type == "Warning" and event.message.startswith("pool h100:") and "CPU-only build" in event.message
+    again = controller.tick(kube, body, CONFIG, memory, now=T0 + timedelta(seconds=30), fetch=under_loaded)
+    assert [e for e in again.events if e.reason == "GPUUnusable"] == []  # once while it lasts

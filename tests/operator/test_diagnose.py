@@ -3,7 +3,10 @@ process's termination message, image pulls, and rollout progress."""
 
 from __future__ import annotations
 
-from starsd_operator.diagnose import first_problem, pod_problems, rollout
+from starsd_operator.constants import LABEL_POOL
+from starsd_operator.diagnose import GPU_UNUSABLE, first_problem, pod_problems, rollout
+
+from starsd.devices import cuda_refusal
 
 from . import factories as f
 
@@ -126,3 +129,20 @@ def test_rollout_progress() -> None:
     assert not rollout(stale).complete
     assert not rollout(None, desired=1).complete
     assert rollout(f.workload("StatefulSet", "s", 0)).complete
+
+
+def test_a_gpu_pod_that_cannot_use_its_gpu_names_its_pool_node_and_image_variant() -> None:
+    said = cuda_refusal("cuda", torch_version="2.9.0+cpu", cuda_build=None, visible=0, node="ip-10-0-3-7.ec2.internal")
+    assert said is not None
+    pod = crashing("chat-target-h100-0", said)
+    pod["metadata"]["labels"][LABEL_POOL] = "h100"  # type: ignore[index]
+    [problem] = pod_problems(pod)
+    assert problem.reason == GPU_UNUSABLE
+    assert problem.message.startswith("pool h100: pod chat-target-h100-0")
+    assert "ip-10-0-3-7.ec2.internal" in problem.message and "CPU-only build" in problem.message
+    assert said in problem.message  # whole: the node at its start survives
+
+
+def test_other_crashes_are_not_taken_for_a_gpu_refusal() -> None:
+    [problem] = pod_problems(crashing(message="CUDA out of memory"))
+    assert problem.reason == "ContainerFailing"

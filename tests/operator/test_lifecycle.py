@@ -64,7 +64,7 @@ def test_targets_drain_before_they_stop_and_the_draft_does_not() -> None:
 
 def test_gpu_pods_get_a_memory_backed_dev_shm_and_cpu_pods_do_not() -> None:
     gpu = target_pod(resources={"limits": {"nvidia.com/gpu": "1"}})
-    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in gpu["volumes"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}} in gpu["volumes"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in gpu["containers"][0]["volumeMounts"]
     draft_gpu = draft_pod(resources={"limits": {"amd.com/gpu": 1}})
     assert any(m["mountPath"] == "/dev/shm" for m in draft_gpu["containers"][0]["volumeMounts"])

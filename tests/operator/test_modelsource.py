@@ -34,7 +34,7 @@ def test_a_uri_is_downloaded_by_an_init_container_into_an_empty_dir() -> None:
     assert init["name"] == "fetch-model"
     assert init["image"] == server["image"] == "reg/draft:1"
     assert init["command"] == ["starsd", "fetch-model", "hf://org/draft@v1", MODEL_ROOT]
-    assert {"name": "model", "emptyDir": {}} in pod["volumes"]
+    assert {"name": "model", "emptyDir": {"sizeLimit": "100Gi"}} in pod["volumes"]
     assert {"name": "model", "mountPath": MODEL_ROOT} in init["volumeMounts"]
     assert {"name": "tmp", "mountPath": "/tmp"} in init["volumeMounts"]
     assert {"name": "model", "mountPath": MODEL_ROOT, "readOnly": True} in server["volumeMounts"]
