@@ -126,12 +126,13 @@ class TargetEngine:
     metrics: TargetMetrics = field(default_factory=TargetMetrics)
     batching: BatchOptions = field(default_factory=BatchOptions)
     step_runner: TargetRunner | None = None  # runs the model steps; None: a TargetRunner on ``loaded``
+    cuda_graphs: str = "auto"  # that TargetRunner's --cuda-graphs (see starsd.cuda_graphs)
 
     def __post_init__(self) -> None:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="target-model")
         b = self.batching
         kv_tokens = b.kv_cache_tokens or kv_budget_tokens(self.loaded, b.max_num_seqs, DEFAULT_GPU_MEMORY_FRACTION)
-        self.runner = self.step_runner or TargetRunner(self.loaded, kv_tokens)
+        self.runner = self.step_runner or TargetRunner(self.loaded, kv_tokens, self.cuda_graphs)
         self.budget = KvBudget(b.max_num_seqs, kv_tokens)
         step_tokens = b.max_prefill_tokens + b.max_num_seqs * (self.gamma + 1)
         self.scheduler: StepScheduler[StepRow, RowOutcome] = StepScheduler(
