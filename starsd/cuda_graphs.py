@@ -13,11 +13,14 @@ a step outside the buckets, a pool that reallocated (the graphs point at its old
 eagerly. On the CPU the mode is always off.
 
 The capture check compares the replay with an eager run of the same padded inputs. In fp32 they agree to 1e-4.
-In bf16 and fp16 the logits are rounded to 8 (11) significand bits, so two runs whose kernels sum in another
-order (cuBLAS picks other algorithms under capture) differ by a unit in the last place of the logit, which is
-0.0625 for a logit in [8, 16): an absolute bound of 0.03 refused correct replays (a bf16 draft at B = 64 measured
-0.0547). The bound is therefore :data:`CHECK_ULPS` units in the last place of the largest eager logit, and never
-below :data:`CHECK_TOLERANCE`'s absolute floor (:func:`check_tolerance`).
+In bf16 and fp16 every hidden state is rounded to 8 (11) significand bits, so two runs whose kernels sum in
+another order (cuBLAS may pick other algorithms under capture) differ by roundings of their inputs, and a logit
+is a dot product over thousands of them: its error follows the scale of the logits, not its own size. One unit
+in the last place of a bf16 logit in [8, 16) is 0.0625, more than twice the absolute 0.03 this check used to
+allow, which refused a bf16 draft's replay at B = 64 that differed by 0.0547. The bound is therefore
+:data:`CHECK_ULPS` unit in the last place of the largest eager logit, never below :data:`CHECK_TOLERANCE`'s
+absolute floor (:func:`check_tolerance`): still far below the differences a wrong replay makes (stale inputs,
+another row's keys: whole logits). A failed check makes every later step of the runner eager.
 
 Memory per captured bucket (batch ``B``, width ``W``, length ``L``): the static inputs (a few KB), the logits
 ``[B, keep, V]`` in the model's dtype, and the step's activations, chiefly the attended keys and values gathered

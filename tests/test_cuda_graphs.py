@@ -14,6 +14,7 @@ from starsd.draft.runner import DraftRunner
 from starsd.proposals import DraftRequest
 from starsd.sampling import SamplingParams
 from starsd.verifier.runner import StepRow, TargetRunner
+from tests.support.reference import autoregressive_reference
 
 GREEDY = SamplingParams(temperature=0.0)
 CUDA = torch.cuda.is_available()
@@ -182,8 +183,6 @@ def test_a_padded_bucketed_target_step_gives_the_eager_steps_logits_and_verdicts
 ) -> None:
     """What a target graph replays (padded to a bucket, from static inputs), run eagerly on any device: the
     verdicts equal the eager step's, the log-probabilities agree, and both emit the target's own greedy text."""
-    from tests.support.reference import autoregressive_reference
-
     loaded = load_checkpoint(any_pair[1])
     prompts = [[5, 17, 42], [9], [3, 3, 8, 21, 2]]
     refs = [autoregressive_reference(loaded, p, 24) for p in prompts]
@@ -232,7 +231,7 @@ def test_replayed_verification_equals_eager_verification_on_cuda(any_pair: tuple
     checks pass (no fallback), and the log-probabilities agree within the dtype's noise."""
     prompts = [[5, 17, 42], [9], [3, 3, 8, 21, 2]]
     reference = load_checkpoint(any_pair[1], "cuda", "float32")
-    refs = [autoregressive_reference_on(reference, p) for p in prompts]
+    refs = [autoregressive_reference(reference, p, 24) for p in prompts]
     eager = TargetRunner(load_checkpoint(any_pair[1], "cuda", dtype), cuda_graphs="off")
     graphed = TargetRunner(load_checkpoint(any_pair[1], "cuda", dtype), cuda_graphs="on")
     one = _verify_rounds(eager, prompts, refs, 4)
@@ -244,12 +243,6 @@ def test_replayed_verification_equals_eager_verification_on_cuda(any_pair: tuple
         for a, b in zip(s_one, s_two, strict=True):
             assert a.logprobs is not None and b.logprobs is not None
             assert [e.logprob for e in b.logprobs] == pytest.approx([e.logprob for e in a.logprobs], abs=tolerance)
-
-
-def autoregressive_reference_on(loaded: object, prompt: list[int]) -> list[int]:
-    from tests.support.reference import autoregressive_reference
-
-    return autoregressive_reference(loaded, prompt, 24)  # type: ignore[arg-type]
 
 
 def test_a_bounded_pool_gives_up_the_graphs_scratch_slot_rather_than_fail_a_step(
