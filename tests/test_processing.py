@@ -4,12 +4,21 @@ exactly that distribution, though the draft proposes from its own, unchanged one
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+from pathlib import Path
 
+import pytest
 import torch
 
 from starsd.sampling import sample, target_generator, verify
-from starsd.verifier.processing import LogitRules, apply_rules, generated_counts, round_processor
+from starsd.verifier.processing import (
+    LogitRules,
+    PenaltyCounts,
+    apply_rules,
+    generated_counts,
+    round_processor,
+)
 from tests.stats import fits
 
 
@@ -88,3 +97,73 @@ def test_speculative_rounds_produce_exactly_the_changed_distribution() -> None:
         for a, b in itertools.product(range(vocab), repeat=2)
     ]
     assert not fits(counts, unchanged)  # the test can tell the changed distribution from the model's own
+
+
+def test_device_counts_follow_a_multi_round_completion_exactly() -> None:
+    """Counts kept incrementally (one scatter-add per round) equal counts recomputed from scratch before every
+    round, and the changed logits are bit-identical either way."""
+    torch.manual_seed(1)
+    vocab = 16
+    rules = LogitRules(presence_penalty=0.6, frequency_penalty=-0.3, repetition_penalty=1.4, top_k=9)
+    prompt = [3, 3, 11]
+    penalty = PenaltyCounts(prompt, vocab, torch.device("cpu"))
+    generated: list[int] = []
+    rounds = [([4, 4, 9], [4, 4]), ([], [0]), ([9, 3, 9, 1], [9, 3, 9, 1, 4]), ([15], [2]), ([4, 2], [4, 2, 2])]
+    for drafts, committed in rounds:
+        expected = [float(generated.count(t)) for t in range(vocab)]
+        assert penalty.counts.tolist() == expected
+        assert torch.equal(penalty.round_counts(drafts), generated_counts(generated, drafts, vocab, penalty.device))
+        logits = torch.randn(len(drafts) + 1, vocab) * 4
+        incremental = round_processor(rules, prompt, generated, drafts, penalty)
+        scratch = round_processor(rules, prompt, generated, drafts)
+        assert incremental is not None and scratch is not None
+        assert torch.equal(incremental(logits), scratch(logits))  # bit-identical, not merely close
+        generated += committed
+        penalty.add(committed)
+    assert penalty.counts[4] == 4 and penalty.counts[9] == 2 and penalty.counts[11] == 0
+
+
+def test_the_engine_keeps_a_penalised_completions_counts_on_its_device(
+    random_pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real multi-round completion with penalties: before every round the engine's device counts equal the
+    counts recomputed from the tokens generated so far; the output is the one the counts from scratch give."""
+    from starsd.checkpoints import load_checkpoint
+    from starsd.sampling import SamplingParams
+    from starsd.verifier import engine as engine_module
+    from starsd.verifier.engine import GenerationStats, RequestControls, TargetEngine
+
+    target = load_checkpoint(random_pair[1])
+    vocab = target.vocab_size
+    checked: list[int] = []
+    PROMPT = [5, 17, 42, 7, 99]
+
+    def checking(rules, prompt, generated, drafts, penalty=None):  # type: ignore[no-untyped-def]
+        assert penalty is not None
+        assert torch.equal(penalty.round_counts(drafts), generated_counts(generated, drafts, vocab, penalty.device))
+        checked.append(len(generated))
+        return round_processor(rules, prompt, generated, drafts, penalty)
+
+    controls = RequestControls(ignore_eos=True, presence_penalty=0.8, frequency_penalty=0.5, repetition_penalty=1.3)
+
+    def run(engine: TargetEngine) -> list[int]:
+        async def go() -> list[int]:
+            stats = GenerationStats()
+            async for _ in engine.generate(PROMPT, 12, SamplingParams(), stats, controls=controls):
+                pass
+            return stats.token_ids
+
+        return asyncio.run(go())
+
+    engine = TargetEngine(target, draft=None)
+    try:
+        monkeypatch.setattr(engine_module, "round_processor", checking)
+        incremental = run(engine)
+        monkeypatch.setattr(
+            engine_module, "round_processor", lambda r, p, g, d, penalty=None: round_processor(r, p, g, d)
+        )
+        scratch = run(engine)
+    finally:
+        engine.close()
+    assert checked == list(range(12))  # one check per round, each after all the tokens before it
+    assert incremental == scratch and len(set(incremental)) > 1

@@ -72,13 +72,13 @@ def add_placement_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_cuda_graphs_arg(parser: argparse.ArgumentParser) -> None:
-    """``--cuda-graphs`` (see starsd.cuda_graphs)."""
+def add_cuda_graphs_arg(parser: argparse.ArgumentParser, steps: str = "the draft's decoding steps") -> None:
+    """``--cuda-graphs`` (see starsd.cuda_graphs) for ``steps``."""
     parser.add_argument(
         "--cuda-graphs",
         default="auto",
         choices=("auto", "on", "off"),
-        help="replay the draft's decoding steps from captured CUDA graphs (default auto: on with CUDA, "
+        help=f"replay {steps} from captured CUDA graphs (default auto: on with CUDA, "
         "off on the CPU; on: refuse to start without CUDA)",
     )
 

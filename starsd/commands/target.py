@@ -13,6 +13,7 @@ from starsd import defaults
 from starsd.assignment import ordered_drafts
 from starsd.commands._common import (
     add_api_key_args,
+    add_cuda_graphs_arg,
     add_gamma_arg,
     add_placement_args,
     api_keys_or_error,
@@ -133,10 +134,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     add_api_key_args(parser)
     add_placement_args(parser)
+    add_cuda_graphs_arg(parser, "the target's verify steps")
 
 
 def run(args: argparse.Namespace) -> int:
     from starsd.checkpoints import ModelLoadError, load_checkpoint, set_threads
+    from starsd.cuda_graphs import graphs_enabled
 
     if (problem := gamma_error(args.gamma)) is not None:
         return fail(problem)
@@ -169,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     try:
         loaded = load_checkpoint(args.model, args.device, args.dtype)
-    except ModelLoadError as exc:
+        graphs_enabled(args.cuda_graphs, loaded.device)  # --cuda-graphs on without CUDA: refused
+    except (ModelLoadError, ValueError) as exc:
         return fail(str(exc))
     try:
         return asyncio.run(_serve(args, loaded))
@@ -226,7 +230,14 @@ async def _serve(args: argparse.Namespace, loaded: object) -> int:
         client.start()
     kv_tokens = args.kv_cache_tokens or kv_budget_tokens(loaded, args.max_num_seqs, args.gpu_memory_fraction)
     batching = BatchOptions(args.max_num_seqs, kv_tokens, args.max_prefill_tokens)
-    engine = TargetEngine(loaded, client, gamma=args.gamma, adaptive_gamma=args.adaptive_gamma, batching=batching)
+    engine = TargetEngine(
+        loaded,
+        client,
+        gamma=args.gamma,
+        adaptive_gamma=args.adaptive_gamma,
+        batching=batching,
+        cuda_graphs=args.cuda_graphs,
+    )
     app = TargetApp(
         engine,
         TargetServerOptions(

@@ -22,7 +22,7 @@ from starsd.seeding import request_seed
 from starsd.verifier.draft_client import Demand, DraftClient, DraftLink, DraftProposal
 from starsd.verifier.memory import DEFAULT_GPU_MEMORY_FRACTION, kv_budget_tokens
 from starsd.verifier.metrics import TargetMetrics
-from starsd.verifier.processing import LogitRules, round_processor
+from starsd.verifier.processing import LogitRules, PenaltyCounts, round_processor
 from starsd.verifier.runner import RowOutcome, StepRow, TargetRunner, TargetSession, TokenLogprobs
 from starsd.verifier.scheduler import KvBudget, StepScheduler
 
@@ -126,12 +126,13 @@ class TargetEngine:
     metrics: TargetMetrics = field(default_factory=TargetMetrics)
     batching: BatchOptions = field(default_factory=BatchOptions)
     step_runner: TargetRunner | None = None  # runs the model steps; None: a TargetRunner on ``loaded``
+    cuda_graphs: str = "auto"  # that TargetRunner's --cuda-graphs (see starsd.cuda_graphs)
 
     def __post_init__(self) -> None:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="target-model")
         b = self.batching
         kv_tokens = b.kv_cache_tokens or kv_budget_tokens(self.loaded, b.max_num_seqs, DEFAULT_GPU_MEMORY_FRACTION)
-        self.runner = self.step_runner or TargetRunner(self.loaded, kv_tokens)
+        self.runner = self.step_runner or TargetRunner(self.loaded, kv_tokens, self.cuda_graphs)
         self.budget = KvBudget(b.max_num_seqs, kv_tokens)
         step_tokens = b.max_prefill_tokens + b.max_num_seqs * (self.gamma + 1)
         self.scheduler: StepScheduler[StepRow, RowOutcome] = StepScheduler(
@@ -206,6 +207,7 @@ class TargetEngine:
                 controls = RequestControls(ignore_eos=ignore_eos)
             ends = controls.end_ids(self.loaded.eos_token_id)
             rules = controls.rules(self.loaded.eos_token_id)
+            penalty = PenaltyCounts(prompt, self.loaded.vocab_size, self.loaded.device) if rules.penalised else None
             chunk = self.batching.max_prefill_tokens
             cohort = -1  # no step yet: nobody waits for this session's first row
             while session.uncached > chunk:  # a long prompt: all but its last chunk, a chunk per step
@@ -227,7 +229,7 @@ class TargetEngine:
                         self.metrics.malformed_proposals.inc()
                         link.malformed = False
                 row = self._row(session, proposal, gamma, params, generator)
-                row.process = round_processor(rules, prompt, stats.token_ids, row.drafts)
+                row.process = round_processor(rules, prompt, stats.token_ids, row.drafts, penalty)
                 row.logprobs = controls.logprobs
                 outcome = await self.scheduler.run(row, cost=session.uncached + len(row.drafts), cohort=cohort)
                 cohort = self.scheduler.finished_steps  # the step this row just ran in
@@ -259,6 +261,8 @@ class TargetEngine:
                 self.metrics.round(drafted, accepted)
                 stats.generated_tokens += len(tokens)
                 stats.token_ids.extend(tokens)
+                if penalty is not None:
+                    penalty.add(tokens)  # the device counts follow token_ids exactly
                 if outcome.logprobs is not None:
                     stats.logprobs.extend(outcome.logprobs[: len(tokens)])
                 if tokens and stats.first_token_at is None:

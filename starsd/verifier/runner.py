@@ -18,7 +18,9 @@ copies one small tensor to the host: each row's accepted count and last token. T
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +30,8 @@ import torch
 
 from starsd.checkpoints import LoadedModel
 from starsd.sampling import SamplingParams, dense_from_sparse, probs_batch, step_draws, verify_batch
+
+log = logging.getLogger(__name__)
 
 # Rows whose feed is at most this many times the narrowest row's (and at most NARROW_EXTRA wider) share a pass.
 NARROW_EXTRA = 8
@@ -105,9 +109,12 @@ def width_groups(widths: list[int]) -> list[list[int]]:
 class TargetRunner:
     """Runs steps of many sessions on one target model (one step at a time)."""
 
-    def __init__(self, loaded: LoadedModel, kv_tokens: int | None = None) -> None:
-        """``kv_tokens``: the most key/value tokens (slots x capacity) the pool may hold; None: no bound."""
+    def __init__(self, loaded: LoadedModel, kv_tokens: int | None = None, cuda_graphs: str = "auto") -> None:
+        """``kv_tokens``: the most key/value tokens (slots x capacity) the pool may hold; None: no bound.
+        ``cuda_graphs``: ``auto`` (on with CUDA), ``on`` or ``off``: replay the verify steps (passes of at most
+        :data:`starsd.cuda_graphs.MAX_WIDTH` positions) from captured CUDA graphs (see :mod:`starsd.cuda_graphs`)."""
         from starsd import kvcache  # imports transformers: only once a model is in use
+        from starsd.cuda_graphs import StepGraphs, graphs_enabled
         from starsd.verifier.memory import kv_geometry
 
         self.loaded = loaded
@@ -118,6 +125,10 @@ class TargetRunner:
         params = inspect.signature(loaded.model.forward).parameters
         self._logits_to_keep = "logits_to_keep" in params
         kvcache.use_pool_attention(loaded.model)
+        # starsd.cuda_graphs.StepGraphs over the pool, when graphs are used (None: every pass runs eagerly)
+        self._graphs: StepGraphs | None = None
+        if graphs_enabled(cuda_graphs, self.device):
+            self._graphs = StepGraphs(loaded.model, self.pool, role="target")
 
     def new_session(self, prompt: list[int]) -> TargetSession:
         if not prompt:
@@ -140,10 +151,19 @@ class TargetRunner:
         keep = 1 + max((len(r.drafts) for r in rows if r.verify), default=0)  # positions verification needs
         logits: list[torch.Tensor] = [torch.empty(0)] * len(rows)  # every row's is set by its forward pass
         with self._lock, torch.inference_mode():
-            for row in rows:
-                if row.session.slot is None:
-                    row.session.slot = self.pool.take()
-            self.pool.reserve(1 + max(r.session.cached_len + len(f) for r, f in zip(rows, feeds, strict=True)))
+            need = 1 + max(r.session.cached_len + len(f) for r, f in zip(rows, feeds, strict=True))
+            try:
+                self._place(rows, need)
+            except MemoryError:
+                if self._graphs is None:
+                    raise
+                # The graphs' scratch slot is what the pool's bound cannot fit: give it up, run eagerly from now on.
+                log.warning("the key/value pool's bound leaves no room for the CUDA graphs' scratch slot; eager steps")
+                self._graphs.close()
+                self._graphs = None
+                self._place(rows, need)
+            if self._graphs is not None:
+                self._reserve_bucket(need)
             slots = self.pool.rows_of([r.session.slot for r in rows])
             for group in width_groups([len(f) for f in feeds]):
                 group.sort(key=lambda i: slots[i])  # rows in slot order: consecutive slots are read in place
@@ -174,17 +194,39 @@ class TargetRunner:
             self._commit(row, outcome)
         return outcomes
 
+    def _place(self, rows: list[StepRow], need: int) -> None:
+        """Give every row's session a slot and make the slots hold ``need`` columns."""
+        for row in rows:
+            if row.session.slot is None:
+                row.session.slot = self.pool.take()
+        self.pool.reserve(need)
+
+    def _reserve_bucket(self, need: int) -> None:
+        """Grow the pool to the length bucket that ``need`` columns fall in, so that a graph can attend it; where
+        the pool's bound leaves no room the pool stays as it is and the pass runs eagerly."""
+        from starsd.cuda_graphs import LENGTH_STEP
+
+        padded = max(LENGTH_STEP, -(-need // LENGTH_STEP) * LENGTH_STEP)
+        if padded > self.pool.capacity:
+            with contextlib.suppress(MemoryError):
+                self.pool.reserve(padded)
+
     def _forward(self, rows: list[StepRow], feeds: list[list[int]], slots: list[int], keep: int) -> torch.Tensor:
         """One forward pass over rows held in pool rows ``slots``; returns logits ``[B, keep, V]`` at each row's
         last ``keep`` positions (a row with fewer positions repeats its first; only its own last ``gamma + 1``
         are read). Its inputs go to the device in one copy (:func:`starsd.kvcache.step_inputs`)."""
-        from starsd import kvcache  # imports transformers: only once a model is in use
+        from starsd import cuda_graphs, kvcache  # imports transformers: only once a model is in use
 
         cached = [r.session.cached_len for r in rows]
         widths = [len(f) for f in feeds]
         width = max(widths)
-        inputs = kvcache.step_inputs(feeds, slots, cached, widths, self.device)
-        cache = self.pool.step_cache([r.session.slot for r in rows], cached, widths, inputs)
+        graphs = self._graphs if width <= cuda_graphs.MAX_WIDTH else None  # prompt chunks run eagerly
+        inputs = kvcache.step_inputs(feeds, slots, cached, widths, self.device, graphs is not None)
+        cache = self.pool.step_cache([r.session.slot for r in rows], cached, widths, inputs)  # also the extents
+        if graphs is not None:
+            replayed = _replayed(graphs, inputs, min(keep, width))
+            if replayed is not None:
+                return _last_positions(replayed, [width] * len(rows), keep)
         kwargs: dict[str, Any] = inputs.model_kwargs()
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = min(keep, width)
@@ -290,6 +332,15 @@ def greedy_verdict(
     ok = (drafts == argmax[:, :width]) & live
     accepted = ok.long().cumprod(dim=-1).sum(dim=-1)
     return accepted, argmax.gather(1, accepted.unsqueeze(1)).squeeze(1)
+
+
+def _replayed(graphs: Any, inputs: Any, keep: int) -> torch.Tensor | None:
+    """A pass's logits ``[B, keep, V]`` replayed from ``graphs`` (a :class:`starsd.cuda_graphs.StepGraphs`), copied
+    out of the graph's output (a later pass of the same bucket overwrites it); None: run the pass eagerly."""
+    if inputs.input_ids is None or inputs.positions is None or inputs.columns is None or inputs.mask is None:
+        return None
+    out = graphs.step_logits(inputs.input_ids, inputs.rows, inputs.positions, inputs.columns, inputs.mask, keep)
+    return None if out is None else out.clone()
 
 
 def _last_positions(logits: torch.Tensor, widths: list[int], keep: int) -> torch.Tensor:
