@@ -137,8 +137,21 @@ def run_load(
     ``min_requests`` must have been sent (the duration is then a cap, for liveness)."""
     prime_oracle(oracle)
     s = star.star
-    # A first wave brings the draft to its working set (allocator pools, gRPC buffers, session caches).
-    warm = workload.run(Workload(star.urls, PROMPTS, clients=clients, duration=3.0, max_tokens=MAX_TOKENS, seed=1))
+    # A first wave brings the draft to its working set (allocator pools, gRPC buffers, the key/value pool's slots
+    # and length, the largest batches the load builds). Where the measured wave has a size, the first wave has the
+    # same size and shape: what the draft keeps only after the largest batch or the longest session of such a load
+    # is working set, reached in the first wave; a per-session leak grows again in the second, by the margin.
+    warm = workload.run(
+        Workload(
+            star.urls,
+            PROMPTS,
+            clients=clients,
+            duration=duration if min_requests else 3.0,
+            max_requests=min_requests or max_requests,
+            max_tokens=MAX_TOKENS,
+            seed=1,
+        )
+    )
     assert all(o.ok for o in warm), workload.failures(warm)
     wait_sessions_freed(s)
     rss_before = draft_rss_bytes(s)
