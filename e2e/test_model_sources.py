@@ -55,7 +55,7 @@ def test_each_source_kind_lands_as_init_container_volumes_and_env(cluster: Clust
     s3_pool = _template(cluster, namespace, "statefulsets", f"src-target-{pools[0]['name']}")
     [fetch] = s3_pool["initContainers"]
     assert fetch["command"] == ["starsd", "fetch-model", "s3://weights/target-int8", MODEL_ROOT]
-    assert {"name": "model", "emptyDir": {}} in s3_pool["volumes"]
+    assert {"name": "model", "emptyDir": {"sizeLimit": "100Gi"}} in s3_pool["volumes"]  # the default sizeLimit
     keys = {e["name"] for e in fetch["env"] if "valueFrom" in e and "secretKeyRef" in e["valueFrom"]}
     assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= keys
 
