@@ -101,7 +101,7 @@ def _build(tokenizer: Any, spec: ModelSpec) -> Any:
 
 
 @torch.no_grad()
-def _perturbed_copy(model: Any, scale: float, gen: torch.Generator) -> Any:
+def perturbed_copy(model: Any, scale: float, gen: torch.Generator) -> Any:
     """A copy of ``model`` with Gaussian noise of ``scale`` times each matrix's std added (norms unchanged)."""
     twin = type(model)(model.config)
     twin.load_state_dict(model.state_dict())
@@ -144,7 +144,7 @@ def write_random_pair(
             draft = _build(draft_tok, spec).eval()
         else:
             draft_tok = _write_tokenizer(staging.draft, None)
-            draft = _perturbed_copy(target, draft_noise, gen)
+            draft = perturbed_copy(target, draft_noise, gen)
         target.save_pretrained(str(staging.target), safe_serialization=True)
         draft.save_pretrained(str(staging.draft), safe_serialization=True)
         for final, staged in zip(pair, staging, strict=True):

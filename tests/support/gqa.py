@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from starsd.tiny import TINY_SPEC, ModelPair
+from starsd.tiny import TINY_SPEC, ModelPair, perturbed_copy
 from starsd.training.configs import llama_config
 from starsd.training.tokenizer import SPECIAL_TOKENS, save_tokenizer
 
@@ -35,17 +35,6 @@ def word_tokenizer() -> Any:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins the words with spaces
     return tok
-
-
-@torch.no_grad()
-def _noisy_copy(model: Any, scale: float, gen: torch.Generator) -> Any:
-    """``model`` with Gaussian noise of ``scale`` times each matrix's std added (norm weights unchanged)."""
-    twin = type(model)(model.config)
-    twin.load_state_dict(model.state_dict())
-    for param in twin.parameters():
-        if param.dim() >= 2:
-            param.add_(torch.randn(param.shape, generator=gen) * (param.std() * scale))
-    return twin.eval()
 
 
 def write_gqa_pair(
@@ -69,7 +58,7 @@ def write_gqa_pair(
     target = LlamaForCausalLM(config).float().eval()
     with torch.no_grad():
         target.model.norm.weight.mul_(sharpness)
-    draft = _noisy_copy(target, draft_noise, torch.Generator().manual_seed(seed + 1))
+    draft = perturbed_copy(target, draft_noise, torch.Generator().manual_seed(seed + 1))
     target.save_pretrained(str(pair.target), safe_serialization=True)
     draft.save_pretrained(str(pair.draft), safe_serialization=True)
     return pair
