@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -54,6 +54,42 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     wanted = any(item.get_closest_marker("e2e") for item in session.items)
     if wanted and _uncaptured(session.config, ["bash", str(CLUSTER_SH), "build"]) != 0:
         raise pytest.UsageError("building the e2e cluster failed (see the output above)")
+
+
+# The operator log lines a failed test's report carries (its namespace's, at INFO and above).
+LOG_LINES_ON_FAILURE = 80
+
+
+def operator_log_excerpt(log: Path, namespace: str, limit: int = LOG_LINES_ON_FAILURE) -> str:
+    """The last ``limit`` lines of an operator log that name ``namespace`` (DEBUG lines left out), with the
+    traceback lines that follow them: what the operator did for one test's clusters."""
+    if not log.exists():
+        return f"(no operator log at {log})"
+    kept: list[str] = []
+    following = False
+    for line in log.read_text(errors="replace").splitlines():
+        if line[:4].isdigit():  # a record's first line starts with its timestamp
+            following = namespace in line and " DEBUG " not in line
+        if following:
+            kept.append(line)
+    return "\n".join(kept[-limit:]) or f"(no line of {log.name} names {namespace})"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, None, None]:
+    """A failed e2e test's report shows what the operator logged for its namespace (CI keeps only the
+    report; the logs under .cluster/logs/ go with the machine)."""
+    outcome = yield
+    report = outcome.get_result()
+    funcargs = getattr(item, "funcargs", {})
+    process, namespace = funcargs.get("operator"), funcargs.get("namespace")
+    if report.when == "call" and report.failed and isinstance(process, OperatorProcess) and namespace:
+        report.sections.append(
+            (
+                f"operator log ({process.log_path.name}, {namespace})",
+                operator_log_excerpt(process.log_path, str(namespace)),
+            )
+        )
 
 
 def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:

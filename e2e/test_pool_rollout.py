@@ -69,7 +69,9 @@ def events(cluster: Cluster, namespace: str, name: str) -> list[tuple[str, str, 
 
 
 def test_a_model_change_rolls_the_first_pool_while_the_second_is_held(cluster: Cluster, namespace: str) -> None:
-    doc = cluster_doc("roll", min_ready_seconds=8)
+    # Each updated h100 pod stays ready 15 s before the next is replaced: the h100-rolling, l4-held state lasts
+    # at least 30 s, long enough for a probe of four reads on a busy machine to see it whole.
+    doc = cluster_doc("roll", min_ready_seconds=15)
     ssd.apply(cluster, namespace, doc)
     ssd.wait_ready(cluster, namespace, "roll", replicas=3)
 
@@ -78,6 +80,8 @@ def test_a_model_change_rolls_the_first_pool_while_the_second_is_held(cluster: C
 
     # While h100 rolls (its StatefulSet on the new template, a partition below its replicas), l4 has the new
     # template too but a partition at its replicas, and its pod still runs the old model.
+    seen: list[dict[str, Any]] = []
+
     def h100_rolling_l4_held() -> bool:
         l4_pods = pods(cluster, namespace, "roll", "l4")
         l4 = statefulset(cluster, namespace, "roll", "l4")
@@ -85,6 +89,14 @@ def test_a_model_change_rolls_the_first_pool_while_the_second_is_held(cluster: C
         status = {
             p["name"]: p.get("rollout", {}) for p in ssd.get(cluster, namespace, "roll")["status"]["targets"]["pools"]
         }
+        snapshot = {
+            "h100": (template_model(h100), partition(h100), h100["status"].get("currentRevision"),
+                     h100["status"].get("updateRevision"), status["h100"].get("state")),
+            "l4": (template_model(l4), partition(l4), sorted(pod_model(p) for p in l4_pods.values()),
+                   status["l4"].get("state")),
+        }  # fmt: skip
+        if not seen or seen[-1] != snapshot:
+            seen.append(snapshot)  # each distinct state, for the failure message
         return (
             template_model(h100) == V2
             and partition(h100) < 2
@@ -96,7 +108,11 @@ def test_a_model_change_rolls_the_first_pool_while_the_second_is_held(cluster: C
             and status["h100"].get("state") == "Rolling"
         )
 
-    wait_until("h100 rolling with l4 held", h100_rolling_l4_held, timeout=60)
+    try:
+        wait_until("h100 rolling with l4 held", h100_rolling_l4_held, timeout=120)
+    except AssertionError as exc:
+        states = "\n".join(f"  {s}" for s in seen[-12:])
+        raise AssertionError(f"{exc}; the states seen (model, partition, revisions, rollout state):\n{states}") from exc
 
     # No l4 pod runs the new model before h100 has settled: read l4's pods first, then h100's revisions.
     def check_order() -> dict[str, Any] | None:

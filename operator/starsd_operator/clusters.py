@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .controller import Memory
+from .kube import KubeError
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +125,12 @@ class Clusters:
             entry.poked = False
             try:
                 await repair(key)
-            except Exception:  # a failed repair is retried by the next poke or tick
-                log.exception("repairing %s/%s failed", *key)
+            except Exception as exc:  # a failed repair is retried by the next poke or tick
+                if isinstance(exc, KubeError) and exc.namespace_terminating:
+                    # The namespace's deletion removes the children before the cluster: no drift to repair.
+                    log.info("not repairing %s/%s: its namespace is being deleted", *key)
+                else:
+                    log.exception("repairing %s/%s failed", *key)
 
         task = asyncio.get_running_loop().create_task(later())
         self._tasks.add(task)

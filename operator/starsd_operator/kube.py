@@ -36,6 +36,11 @@ class KubeError(RuntimeError):
         """A request the API server refused as invalid: repeating it cannot help until the spec changes."""
         return self.status in (400, 422)
 
+    @property
+    def namespace_terminating(self) -> bool:
+        """A write refused because the namespace is being deleted: nothing there needs repairing any more."""
+        return self.status == 403 and ("NamespaceTerminating" in str(self) or "is being terminated" in str(self))
+
 
 class Kube(Protocol):
     """What the controller needs from the API server (a fake implements it in the tests)."""

@@ -53,6 +53,19 @@ class QuietTicks(logging.Filter):
         return self.QUIET.match(record.getMessage()) is None
 
 
+class ObjectNames(logging.Filter):
+    """Puts the cluster a kopf per-object line is about in front of it (``[ml/chat] Created: ...``), so the
+    log of an operator that watches many clusters says which one each line concerns. Set on the process's
+    output handlers, after kopf's own handler has posted the line as an Event (where the object is implied)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ref = getattr(record, "k8s_ref", None)
+        if isinstance(ref, dict) and not getattr(record, "starsd_named", False):
+            record.msg = f"[{ref.get('namespace') or '-'}/{ref.get('name')}] {record.msg}"
+            record.starsd_named = True
+        return True
+
+
 PEERING_LIFETIME = 10  # seconds: a standby takes over this long after the active operator stops answering
 
 
@@ -105,6 +118,8 @@ def run(options: Options, env: Mapping[str, str] | None = None) -> None:
     env = os.environ if env is None else env
     kube.load_config()
     logging.getLogger("kopf.objects").addFilter(QuietTicks())
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(ObjectNames())
     config = Config(
         images=Images.from_env(env),
         load_timeout=options.load_timeout,

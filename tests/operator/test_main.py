@@ -155,6 +155,17 @@ def test_successful_ticks_are_not_logged() -> None:
     assert quiet.filter(record("Handler 'changed_services' failed with an exception. Will retry."))
 
 
+def test_each_per_object_line_names_its_cluster_once() -> None:
+    names = main.ObjectNames()
+    message = "Created: created %s %s"
+    line = logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, message, ("Service", "x"), None)
+    line.k8s_ref = {"namespace": "ml", "name": "chat", "kind": "StarSDCluster"}
+    assert names.filter(line) and names.filter(line)  # a second handler with the filter changes nothing
+    assert line.getMessage() == "[ml/chat] Created: created Service x"
+    plain = logging.LogRecord("starsd_operator.main", logging.INFO, __file__, 1, "starsd operator: all", None, None)
+    assert names.filter(plain) and plain.getMessage() == "starsd operator: all"
+
+
 def test_starsd_operator_help_lists_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
     from starsd import cli
 

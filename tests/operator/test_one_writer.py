@@ -12,6 +12,7 @@ from typing import Any
 from starsd_operator import controller
 from starsd_operator.clusters import Clusters, newest
 from starsd_operator.controller import Config, Memory
+from starsd_operator.kube import KubeError
 from starsd_operator.loadclient import LoadUnavailable
 from starsd_operator.rebalancer import Load
 
@@ -151,3 +152,44 @@ def test_newest_compares_resource_versions_then_generations() -> None:
     del old["metadata"]["resourceVersion"], new["metadata"]["resourceVersion"]
     assert newest(new, old) is new
     assert newest(None, old) is old and newest(old, None) is old
+
+
+def _poke_and_wait(registry: Clusters, error: Exception) -> None:
+    async def main() -> None:
+        registry.seen(f.body())
+        calls: list[tuple[str, str]] = []
+
+        async def repair(key: tuple[str, str]) -> None:
+            calls.append(key)
+            raise error
+
+        registry.poke(KEY, repair)
+        await asyncio.sleep(0.5)
+        assert calls == [KEY]
+
+    asyncio.run(main())
+
+
+def test_a_repair_refused_by_a_terminating_namespace_is_logged_as_such(caplog: Any) -> None:
+    caplog.set_level("INFO", logger="starsd_operator.clusters")
+    refusal = KubeError(
+        403,
+        'statefulsets.apps "chat-draft" is forbidden: unable to create new content in namespace ml '
+        "because it is being terminated",
+    )
+    assert refusal.namespace_terminating
+    _poke_and_wait(Clusters(), refusal)
+    records = [r for r in caplog.records if r.name == "starsd_operator.clusters"]
+    assert [(r.levelname, r.getMessage(), r.exc_info) for r in records] == [
+        ("INFO", "not repairing ml/chat: its namespace is being deleted", None)
+    ]
+
+
+def test_any_other_failed_repair_is_logged_as_an_error_with_its_traceback(caplog: Any) -> None:
+    caplog.set_level("INFO", logger="starsd_operator.clusters")
+    forbidden = KubeError(403, 'statefulsets.apps "chat-draft" is forbidden: no RBAC rule allows create')
+    assert not forbidden.namespace_terminating
+    _poke_and_wait(Clusters(), forbidden)
+    records = [r for r in caplog.records if r.name == "starsd_operator.clusters"]
+    assert [(r.levelname, r.getMessage()) for r in records] == [("ERROR", "repairing ml/chat failed")]
+    assert records[0].exc_info is not None
