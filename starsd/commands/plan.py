@@ -10,19 +10,11 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from starsd import system_model
-
-
-def _n_list(text: str) -> list[int]:
-    try:
-        ns = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated target counts, got {text!r}") from None
-    if not ns or any(n < 1 for n in ns):
-        raise argparse.ArgumentTypeError(f"target counts must be >= 1, got {text!r}")
-    return ns
+from starsd.commands._common import target_counts
 
 
 def _betas(text: str) -> list[float]:
@@ -70,7 +62,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     out.add_argument(
         "--max-n", type=int, help="rows up to N = MAX_N (default max(8, 2*N*); past 64, powers of two and N*)"
     )
-    out.add_argument("--n", type=_n_list, metavar="N,N,...", help="exactly these N (overrides --max-n)")
+    out.add_argument("--n", type=target_counts, metavar="N,N,...", help="exactly these N (overrides --max-n)")
     out.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -133,7 +125,7 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     unbatched = dataclasses.replace(model, batch_curve=None)
     n_star = model.optimal_targets
     if args.n:
-        ns: list[int] = args.n
+        ns: Sequence[int] = args.n
     else:
         if args.max_n is not None and args.max_n < 1:
             raise ValueError(f"--max-n must be >= 1, got {args.max_n}")
