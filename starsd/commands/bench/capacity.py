@@ -8,15 +8,12 @@ import asyncio
 from pathlib import Path
 
 from starsd.commands._common import positive_ints
-from starsd.commands.bench.common import DEFAULT_DRAFT_MODEL, draft_checkpoint, error, stderr_line
+from starsd.commands.bench.common import DEFAULT_DRAFT_MODEL, draft_checkpoint, error, publish, stderr_line
 
 
 def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    fmt = argparse.ArgumentDefaultsHelpFormatter
     cap = sub.add_parser(
-        "capacity",
-        help="draft capacity (requests/s at saturation) of the real draft, one-at-a-time vs batched",
-        formatter_class=fmt,
+        "capacity", help="draft capacity (requests/s at saturation) of the real draft, one-at-a-time vs batched"
     )
     cap.add_argument("--draft-model", type=Path, default=DEFAULT_DRAFT_MODEL, help="draft checkpoint")
     cap.add_argument("--batches", type=positive_ints, default=(1, 8), help="--max-batch values, the first the baseline")
@@ -35,7 +32,7 @@ def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from starsd.bench.capacity import CapacityReport, measure_capacity, summarise_capacity
-    from starsd.bench.report import Machine, write_json
+    from starsd.bench.report import Machine
 
     draft = draft_checkpoint(args.draft_model, "capacity")
     if draft is None:
@@ -61,6 +58,4 @@ def run(args: argparse.Namespace) -> int:
         return error(str(exc), "capacity")
     summary = summarise_capacity(points)
     report = CapacityReport(str(draft), args.session_tokens, args.repeats, machine.finished(), summary, points)
-    print(report.table())
-    write_json(args.json, report)
-    return 0
+    return publish(report, args.json)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Protocol
 
 DEFAULT_DRAFT_MODEL = Path("models/draft")
 
@@ -17,6 +18,21 @@ def error(message: str, bench: str) -> int:
 def stderr_line(line: str) -> None:
     """A progress line, on stderr (the results go to stdout)."""
     print(line, file=sys.stderr)
+
+
+class Report(Protocol):
+    """A benchmark's report: a table for the terminal, and its fields for JSON."""
+
+    def table(self) -> str: ...
+
+
+def publish(report: Report, path: Path | None) -> int:
+    """Print the report's table and, when ``path`` is given, write it there as JSON; exit status 0."""
+    from starsd.bench.report import write_json
+
+    print(report.table())
+    write_json(path, report)
+    return 0
 
 
 def draft_checkpoint(path: Path, bench: str) -> Path | None:

@@ -7,14 +7,11 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from starsd.commands.bench.common import error
+from starsd.commands.bench.common import error, publish
 
 
 def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    fmt = argparse.ArgumentDefaultsHelpFormatter
-    fair = sub.add_parser(
-        "fairness", help="skewed demand on a fully loaded draft: --schedule fifo vs fair", formatter_class=fmt
-    )
+    fair = sub.add_parser("fairness", help="skewed demand on a fully loaded draft: --schedule fifo vs fair")
     fair.add_argument("--busy-sessions", type=int, default=16, help="sessions of the busy target")
     fair.add_argument("--small-targets", type=int, default=3, help="targets with one session each")
     fair.add_argument("--tq", type=float, default=0.004, help="emulated draft service time, seconds")
@@ -29,7 +26,7 @@ def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from starsd.bench.fairness import FairnessConfig, FairnessReport, measure_fairness
-    from starsd.bench.report import Machine, write_json
+    from starsd.bench.report import Machine
 
     if args.busy_sessions < 1 or args.small_targets < 1 or args.tq <= 0 or args.tp < 0 or args.duration <= 0:
         return error("--busy-sessions, --small-targets >= 1, --tq > 0, --tp >= 0, --duration > 0", "fairness")
@@ -42,6 +39,4 @@ def run(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         return error(str(exc), "fairness")
     report = FairnessReport(config, machine.finished(), points)
-    print(report.table())
-    write_json(args.json, report)
-    return 0
+    return publish(report, args.json)

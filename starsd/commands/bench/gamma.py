@@ -8,16 +8,11 @@ import asyncio
 from pathlib import Path
 
 from starsd.commands._common import positive_ints
-from starsd.commands.bench.common import error, stderr_line
+from starsd.commands.bench.common import error, publish, stderr_line
 
 
 def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    fmt = argparse.ArgumentDefaultsHelpFormatter
-    gam = sub.add_parser(
-        "gamma",
-        help="fixed gamma 1..8 vs adaptive gamma, per shipped profile, at N* and 4xN*",
-        formatter_class=fmt,
-    )
+    gam = sub.add_parser("gamma", help="fixed gamma 1..8 vs adaptive gamma, per shipped profile, at N* and 4xN*")
     gam.add_argument("--profiles", help="comma-separated profile names (default: every shipped profile)")
     gam.add_argument("--gammas", type=positive_ints, default=tuple(range(1, 9)), help="fixed gammas to compare")
     gam.add_argument("--n-multipliers", type=positive_ints, default=(1, 4), help="N = N* times each")
@@ -31,7 +26,7 @@ def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     from starsd.bench import profiles
     from starsd.bench.gamma import GammaReport, measure_gamma, summarise_gamma
-    from starsd.bench.report import Machine, write_json
+    from starsd.bench.report import Machine
 
     names = [n.strip() for n in args.profiles.split(",")] if args.profiles else profiles.names()
     try:
@@ -57,6 +52,4 @@ def run(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         return error(str(exc), "gamma")
     report = GammaReport(machine.finished(), points, summarise_gamma(points))
-    print(report.table())
-    write_json(args.json, report)
-    return 0
+    return publish(report, args.json)

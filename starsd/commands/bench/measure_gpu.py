@@ -21,7 +21,6 @@ def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(the code the servers run) on Llama-shaped models with random weights or on checkpoints, and writes a "
         "profile for `starsd plan --profile-json` and `starsd bench star --profile-json`. Acceptance (alpha) "
         "and transfer (Tc) are written as given.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     shapes = ", ".join(sorted(SHAPES))
     model_help = f"a Llama shape with random weights ({shapes}) or a checkpoint directory"

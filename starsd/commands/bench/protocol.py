@@ -6,14 +6,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from starsd.commands.bench.common import DEFAULT_DRAFT_MODEL, draft_checkpoint, error
+from starsd.commands.bench.common import DEFAULT_DRAFT_MODEL, draft_checkpoint, error, publish
 
 
 def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    fmt = argparse.ArgumentDefaultsHelpFormatter
-    proto = sub.add_parser(
-        "protocol", help="protocol overhead per round on loopback (greedy and sampled)", formatter_class=fmt
-    )
+    proto = sub.add_parser("protocol", help="protocol overhead per round on loopback (greedy and sampled)")
     proto.add_argument("--draft-model", type=Path, default=DEFAULT_DRAFT_MODEL, help="draft checkpoint")
     proto.add_argument("--gamma", type=int, default=4, help="draft tokens per round")
     proto.add_argument("--rounds", type=int, default=500, help="measured rounds per mode")
@@ -23,7 +20,7 @@ def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from starsd.bench import protocol
-    from starsd.bench.report import Machine, write_json
+    from starsd.bench.report import Machine
 
     draft = draft_checkpoint(args.draft_model, "protocol")
     if draft is None:
@@ -34,6 +31,4 @@ def run(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         return error(str(exc), "protocol")
     report = protocol.ProtocolReport(str(draft), machine.finished(), results)
-    print(report.table())
-    write_json(args.json, report)
-    return 0
+    return publish(report, args.json)

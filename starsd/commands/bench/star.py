@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from starsd import system_model
 from starsd.commands._common import target_counts
-from starsd.commands.bench.common import error
+from starsd.commands.bench.common import error, publish
 
 if TYPE_CHECKING:  # the benchmark's modules import grpc and aiohttp: only when a benchmark runs
     from starsd.bench.star import StarConfig, StarReport
@@ -31,7 +31,6 @@ def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "utilisation and idle gaps, per-target latency and measured/model throughput, with the "
             "target-only and N-independent-pairs baselines."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     src = star.add_argument_group("profile (flags override its values)")
     src.add_argument("--profile", help="a named profile (`starsd bench profiles`); default tpuv4-chinchilla70b-4b")
@@ -136,15 +135,12 @@ def run(args: argparse.Namespace) -> int:
     if args.draft_load_url and not args.draft_address:
         return error("--draft-load-url goes with --draft-address", "star")
     if args.drafts is not None:
-        return run_drafts_command(cfg, extra, args)
+        return run_several_drafts(cfg, extra, args)
     try:
         report = asyncio.run(_sweep(cfg, extra, args))
     except RuntimeError as exc:
         return error(str(exc), "star")
-    from starsd.bench.report import write_json
-
-    print(report.table())
-    write_json(args.json, report)
+    publish(report, args.json)
     if args.plot:
         from starsd.bench.plot import plot_star
 
@@ -153,10 +149,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_drafts_command(cfg: StarConfig, extra: list[str], args: argparse.Namespace) -> int:
+def run_several_drafts(cfg: StarConfig, extra: list[str], args: argparse.Namespace) -> int:
     """``bench star --drafts``: D emulated drafts and D x N* targets (:mod:`starsd.bench.drafts`)."""
     from starsd.bench.drafts import run_drafts
-    from starsd.bench.report import write_json
 
     if cfg.draft_service_time is None or args.draft_address:
         return error("--drafts runs emulated drafts: not with --draft-model or --draft-address", "star")
@@ -164,9 +159,7 @@ def run_drafts_command(cfg: StarConfig, extra: list[str], args: argparse.Namespa
         report = asyncio.run(run_drafts(cfg, args.drafts, extra))
     except RuntimeError as exc:
         return error(str(exc), "star")
-    print(report.table())
-    write_json(args.json, report)
-    return 0
+    return publish(report, args.json)
 
 
 async def _sweep(cfg: StarConfig, extra: list[str], args: argparse.Namespace) -> StarReport:

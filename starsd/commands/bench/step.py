@@ -35,7 +35,6 @@ def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "device: wall time with the device synchronised, CUDA-event time on CUDA, and the host synchronisations "
         "of one step (torch's sync debug mode on CUDA, a counter of would-be syncs on a CPU). Progress goes to "
         "stderr, the table to stdout, the results to --json after every configuration.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     shapes = ", ".join(sorted(SHAPES))
     p.add_argument("--draft", default="llama-1b", metavar="SHAPE|PATH", help=f"a shape ({shapes}) or a checkpoint")
