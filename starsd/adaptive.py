@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from starsd.system_model import expected_tokens_per_round
+from starsd.system_model import StarInputs
 
 
 @dataclass
@@ -50,10 +50,9 @@ def ewma(mean: float, sample: float, weight: float = 0.1) -> float:
 
 
 def session_throughput(gamma: int, alpha: float, token_time: float, tp: float, tc: float, sessions: int) -> float:
-    """Tokens per second one of ``sessions`` identical sessions commits, per the system model."""
-    tq = gamma * token_time
-    cycle = tq + tp + 2.0 * tc
-    return expected_tokens_per_round(gamma, alpha=alpha) / max(cycle, sessions * tq, 1e-12)
+    """Tokens per second one of ``sessions`` identical sessions commits, per the system model (one request per
+    draft pass, ``Tq = gamma * token_time``; ``token_time`` must be > 0)."""
+    return StarInputs(gamma * token_time, tp, tc, gamma, alpha=alpha).point(sessions).throughput / sessions
 
 
 def choose_gamma(
@@ -62,7 +61,7 @@ def choose_gamma(
     """The gamma in ``min_gamma..max_gamma`` with the best modelled throughput (the smaller on ties)."""
     if max_gamma < min_gamma:
         raise ValueError(f"max_gamma {max_gamma} < min_gamma {min_gamma}")
-    if token_time <= 0.0:  # nothing measured yet: no reason to change
+    if not token_time > 0.0:  # nothing measured yet (or nothing usable): no reason to change
         return max_gamma
     sessions = max(1, sessions)
     best, best_value = min_gamma, -1.0

@@ -403,3 +403,34 @@ def test_a_curve_up_to_a_batch_limit_ends_at_that_batch() -> None:
     assert curve.up_to(6).points == ((1, 0.004), (4, 0.005), (6, pytest.approx(0.0065)))
     assert curve.up_to(4).points == ((1, 0.004), (4, 0.005))
     assert curve.up_to(1).points == ((1, 0.004),)
+
+
+def test_an_unbatched_draft_is_the_one_point_batch_curve() -> None:
+    """StarInputs without a curve evaluates the batched formula on ``((1, tq),)``: the closed forms exactly."""
+    inputs = system_model.StarInputs(TQ, TP, TC, 4, alpha=0.8)
+    assert inputs.curve == BatchCurve(((1, TQ),))
+    assert inputs.optimal_targets == system_model.optimal_targets(TQ, TP, TC)
+    assert inputs.capacity == system_model.draft_capacity(TQ, 4, alpha=0.8)
+    assert inputs.cycle_time == system_model.cycle_time(TQ, TP, TC)
+    for n in range(1, 20):
+        p = inputs.point(n)
+        assert p.batch == 1
+        assert p.throughput == system_model.throughput(n, TQ, TP, TC, 4, alpha=0.8)
+        assert p.utilization == system_model.utilization(n, TQ, TP, TC)
+        assert p.round_time == system_model.round_time(n, TQ, TP, TC)
+        assert p.regime is system_model.regime(n, TQ, TP, TC)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"tq": -1.0}, "tq"),
+        ({"gamma": 0}, "gamma"),
+        ({"alpha": None}, "exactly one"),
+        ({"batch_curve": BatchCurve(((1, 0.005), (8, 0.006)))}, "Tq\\(1\\)"),
+    ],
+)
+def test_star_inputs_name_what_is_wrong(kwargs: dict[str, object], match: str) -> None:
+    base: dict[str, object] = {"tq": TQ, "tp": TP, "tc": TC, "gamma": 4, "alpha": 0.8}
+    with pytest.raises(ValueError, match=match):
+        system_model.StarInputs(**{**base, **kwargs})  # type: ignore[arg-type]

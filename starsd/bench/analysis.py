@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from starsd import system_model
@@ -34,28 +35,25 @@ class ModelInputs:
     max_batch: int = 1
     curve: system_model.BatchCurve | None = None
 
+    @cached_property
+    def model(self) -> system_model.StarInputs:
+        """The system model's inputs: with batching, the curve up to ``max_batch`` (its ``Tq(1)`` as ``tq``)."""
+        curve = self.curve.up_to(self.max_batch) if self.max_batch > 1 and self.curve is not None else None
+        tq = curve.tq(1) if curve is not None else self.tq
+        return system_model.StarInputs(tq, self.tp, self.tc, self.gamma, betas=self.betas, batch_curve=curve)
+
     @property
     def tokens_per_round(self) -> float:
-        return system_model.expected_tokens_per_round(self.gamma, betas=self.betas)
+        return self.model.tokens_per_round
 
     def optimal_targets(self) -> int:
         """N*: with batching, the batched one (the draft saturated at its best batch up to ``max_batch``)."""
-        if self.max_batch > 1 and self.curve is not None:
-            return system_model.batched_optimal_targets(self.curve.up_to(self.max_batch), self.tp, self.tc)
-        return system_model.optimal_targets(self.tq, self.tp, self.tc)
+        return self.model.optimal_targets
 
     def point(self, n: int) -> tuple[float, float, float, str]:
         """(throughput, utilisation, round time, regime) of the model at ``n`` targets."""
-        if self.max_batch > 1 and self.curve is not None:
-            curve = self.curve.up_to(self.max_batch)
-            p = system_model.batched_point(n, curve, self.tp, self.tc, self.gamma, betas=self.betas)
-            return p.throughput, p.utilization, p.round_time, str(p.regime)
-        return (
-            system_model.throughput(n, self.tq, self.tp, self.tc, self.gamma, betas=self.betas),
-            system_model.utilization(n, self.tq, self.tp, self.tc),
-            system_model.round_time(n, self.tq, self.tp, self.tc),
-            str(system_model.regime(n, self.tq, self.tp, self.tc)),
-        )
+        p = self.model.point(n)
+        return p.throughput, p.utilization, p.round_time, str(p.regime)
 
 
 @dataclass
@@ -129,11 +127,12 @@ def apply_measured_model(r: PointResult, inputs: ModelInputs, transfer: float) -
     slept (verify and emulated wire), Tc = ``transfer`` (one way, measured where nothing queues)."""
     if r.service_mean <= 0 or r.rounds == 0 or inputs.max_batch > 1:
         return  # with batching an answer reports its share of a pass, not the pass it waited for: n/a
-    tc = max(0.0, transfer)
-    r.model_measured_throughput = system_model.throughput(
-        r.n, r.service_mean, r.verify_mean, tc, inputs.gamma, betas=inputs.betas
+    measured = system_model.StarInputs(
+        r.service_mean, r.verify_mean, max(0.0, transfer), inputs.gamma, betas=inputs.betas
     )
-    r.model_measured_utilization = system_model.utilization(r.n, r.service_mean, r.verify_mean, tc)
+    point = measured.point(r.n)
+    r.model_measured_throughput = point.throughput
+    r.model_measured_utilization = point.utilization
     r.ratio_measured = r.throughput / r.model_measured_throughput if r.model_measured_throughput else 0.0
 
 

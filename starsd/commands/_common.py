@@ -1,4 +1,4 @@
-"""Small helpers shared by the server commands."""
+"""Small helpers shared by the commands: start-up errors, argument types and groups."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from starsd import defaults
@@ -35,6 +36,27 @@ def positive_float(text: str) -> float:
     if value <= 0:
         raise ValueError(f"{text} is not > 0")
     return value
+
+
+def int_list(minimum: int = 1, noun: str = "integers", subject: str = "values") -> Callable[[str], tuple[int, ...]]:
+    """An argument type for ``"1,8,16"``: the integers in the order given, each ``>= minimum``; the messages
+    name the ``noun`` expected and the ``subject`` that must be large enough."""
+
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            values = tuple(int(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {noun}, got {text!r}") from None
+        if not values or min(values) < minimum:
+            raise argparse.ArgumentTypeError(f"{subject} must be >= {minimum}, got {text!r}")
+        return values
+
+    return parse
+
+
+positive_ints = int_list()  # batch sizes, concurrencies: "1,8"
+counts = int_list(minimum=0)  # sizes that may be zero: "0,128,1024"
+target_counts = int_list(noun="target counts", subject="target counts")  # "1,2,4" (--n, --drafts)
 
 
 def add_gamma_arg(parser: argparse.ArgumentParser, note: str = "") -> None:

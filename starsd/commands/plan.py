@@ -7,21 +7,14 @@ Times come from flags, from a named accelerator profile (``--profile``) or from 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from starsd import system_model
-
-
-def _n_list(text: str) -> list[int]:
-    try:
-        ns = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated target counts, got {text!r}") from None
-    if not ns or any(n < 1 for n in ns):
-        raise argparse.ArgumentTypeError(f"target counts must be >= 1, got {text!r}")
-    return ns
+from starsd.commands._common import target_counts
 
 
 def _betas(text: str) -> list[float]:
@@ -69,7 +62,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     out.add_argument(
         "--max-n", type=int, help="rows up to N = MAX_N (default max(8, 2*N*); past 64, powers of two and N*)"
     )
-    out.add_argument("--n", type=_n_list, metavar="N,N,...", help="exactly these N (overrides --max-n)")
+    out.add_argument("--n", type=target_counts, metavar="N,N,...", help="exactly these N (overrides --max-n)")
     out.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -128,16 +121,17 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     v = _resolve(args)
     tq, tp, tc, gamma, alpha, betas = v["tq"], v["tp"], v["tc"], v["gamma"], v["alpha"], v["betas"]
     curve: system_model.BatchCurve | None = v["curve"]
-    n_star_plain = system_model.optimal_targets(tq, tp, tc)
-    n_star = system_model.batched_optimal_targets(curve, tp, tc) if curve else n_star_plain
+    model = system_model.StarInputs(tq, tp, tc, gamma, alpha, betas, curve)
+    unbatched = dataclasses.replace(model, batch_curve=None)
+    n_star = model.optimal_targets
     if args.n:
-        ns: list[int] = args.n
+        ns: Sequence[int] = args.n
     else:
         if args.max_n is not None and args.max_n < 1:
             raise ValueError(f"--max-n must be >= 1, got {args.max_n}")
         ns = default_ns(n_star, args.max_n)
-    rows = system_model.plan(tq, tp, tc, gamma, alpha=alpha, betas=betas, ns=ns, batch_curve=curve)
-    tokens = system_model.expected_tokens_per_round(gamma, alpha, betas)
+    rows = system_model.plan_table(model, ns)
+    tokens = model.tokens_per_round
     report: dict[str, Any] = {
         "inputs": {
             "profile": v["profile"],
@@ -151,12 +145,10 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
         },
         "expected_accepted_length": tokens - 1.0,
         "expected_tokens_per_round": tokens,
-        "cycle_time": system_model.cycle_time(tq, tp, tc),
+        "cycle_time": model.cycle_time,
         "optimal_targets": n_star,
-        "optimal_targets_unbatched": n_star_plain,
-        "draft_capacity": system_model.batched_capacity(curve, gamma, alpha, betas)
-        if curve
-        else system_model.draft_capacity(tq, gamma, alpha, betas),
+        "optimal_targets_unbatched": unbatched.optimal_targets,
+        "draft_capacity": model.capacity,
         "rows": [r.to_dict() for r in rows],
     }
     if args.gpus is not None:
@@ -165,19 +157,8 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
         for flag, value in (("--draft-cost", args.draft_cost), ("--target-cost", args.target_cost)):
             if not value > 0 or value == float("inf"):
                 raise ValueError(f"{flag} must be a number > 0, got {value}")
-        star = system_model.best_star(
-            args.gpus,
-            tq,
-            tp,
-            tc,
-            gamma,
-            alpha=alpha,
-            betas=betas,
-            batch_curve=curve,
-            draft_cost=args.draft_cost,
-            target_cost=args.target_cost,
-        )
-        report["star"] = star.to_dict()
+        costs = system_model.Costs(args.draft_cost, args.target_cost)
+        report["star"] = system_model.best_star_for(model, args.gpus, costs).to_dict()
     if curve:
         best = curve.best_batch()
         report["batching"] = {
@@ -185,7 +166,7 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
             "tq_best_batch": curve.tq(best),
             "per_request_time": curve.per_request_time(best),
             "gain": curve.batching_gain(),
-            "capacity_unbatched": system_model.draft_capacity(tq, gamma, alpha, betas),
+            "capacity_unbatched": unbatched.capacity,
         }
     return report
 

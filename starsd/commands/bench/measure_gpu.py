@@ -7,10 +7,12 @@ import argparse
 import json
 from pathlib import Path
 
+from starsd.commands._common import positive_ints
+from starsd.commands.bench.common import error, stderr_line
 
-def configure_measure_gpu(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+
+def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from starsd.bench.measure_gpu import SHAPES
-    from starsd.commands.bench import _int_list
 
     p = sub.add_parser(
         "measure-gpu",
@@ -19,7 +21,6 @@ def configure_measure_gpu(sub: argparse._SubParsersAction[argparse.ArgumentParse
         "(the code the servers run) on Llama-shaped models with random weights or on checkpoints, and writes a "
         "profile for `starsd plan --profile-json` and `starsd bench star --profile-json`. Acceptance (alpha) "
         "and transfer (Tc) are written as given.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     shapes = ", ".join(sorted(SHAPES))
     model_help = f"a Llama shape with random weights ({shapes}) or a checkpoint directory"
@@ -27,7 +28,7 @@ def configure_measure_gpu(sub: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument("--target", default="llama-8b", metavar="SHAPE|PATH", help=model_help)
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--context", type=int, default=1024, help="tokens already in the KV cache")
-    p.add_argument("--batches", type=_int_list, default=(1, 2, 4, 8, 16, 32), help="draft batch sizes, with 1")
+    p.add_argument("--batches", type=positive_ints, default=(1, 2, 4, 8, 16, 32), help="draft batch sizes, with 1")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
@@ -35,17 +36,16 @@ def configure_measure_gpu(sub: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument("--tc", type=float, default=0.0001, help="one-way transfer to write into the profile")
     p.add_argument("--name", default=None, help="profile name (default: derived from the device and models)")
     p.add_argument("--out", type=Path, required=True, help="write the profile JSON here")
-    p.set_defaults(_bench=run_measure_gpu_command)
+    p.set_defaults(_bench=run)
 
 
-def run_measure_gpu_command(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from starsd.bench.measure_gpu import SHAPES, measure
     from starsd.bench.profiles import describe
     from starsd.checkpoints import ModelLoadError
-    from starsd.commands.bench import _error, _stderr_line
 
     def refuse(why: str) -> int:
-        return _error(why, "measure-gpu")
+        return error(why, "measure-gpu")
 
     if min(args.gamma, args.context, args.repeats) < 1 or 1 not in args.batches:
         return refuse("--gamma, --context, --repeats >= 1; --batches must hold 1")
@@ -54,7 +54,7 @@ def run_measure_gpu_command(args: argparse.Namespace) -> int:
             return refuse(f"{flag} {model!r} is neither a shape ({', '.join(sorted(SHAPES))}) nor a directory")
     args.batches = sorted(set(args.batches))
     try:
-        profile = measure(args, _stderr_line)
+        profile = measure(args, stderr_line)
     except (ValueError, ModelLoadError) as exc:
         return refuse(str(exc))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from starsd.commands._common import counts
+from starsd.commands.bench.common import error, stderr_line
+
 
 def _names(known: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
     def parse(text: str) -> tuple[str, ...]:
@@ -20,17 +23,7 @@ def _names(known: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
     return parse
 
 
-def _counts(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"values must be >= 0, got {text!r}")
-    return values
-
-
-def configure_step(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from starsd.bench.measure_gpu import SHAPES
     from starsd.bench.step import MODES, ROLES, SLOTS
 
@@ -42,15 +35,14 @@ def configure_step(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "device: wall time with the device synchronised, CUDA-event time on CUDA, and the host synchronisations "
         "of one step (torch's sync debug mode on CUDA, a counter of would-be syncs on a CPU). Progress goes to "
         "stderr, the table to stdout, the results to --json after every configuration.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     shapes = ", ".join(sorted(SHAPES))
     p.add_argument("--draft", default="llama-1b", metavar="SHAPE|PATH", help=f"a shape ({shapes}) or a checkpoint")
     p.add_argument("--target", default="llama-8b", metavar="SHAPE|PATH", help=f"a shape ({shapes}) or a checkpoint")
     p.add_argument("--roles", type=_names(ROLES), default=",".join(ROLES), help="which steps to time")
-    p.add_argument("--batches", type=_counts, default="1,4,16,32,64", help="rows (sessions) per step")
-    p.add_argument("--gammas", type=_counts, default="2,4,8", help="drafts per row")
-    p.add_argument("--contexts", type=_counts, default="128,1024", help="cached tokens per session at the start")
+    p.add_argument("--batches", type=counts, default="1,4,16,32,64", help="rows (sessions) per step")
+    p.add_argument("--gammas", type=counts, default="2,4,8", help="drafts per row")
+    p.add_argument("--contexts", type=counts, default="128,1024", help="cached tokens per session at the start")
     slots, modes = ",".join(SLOTS), ",".join(MODES)
     p.add_argument("--slots", type=_names(SLOTS), default=slots, help="rows in slot order, or a random subset")
     p.add_argument(
@@ -63,18 +55,17 @@ def configure_step(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--budget", type=float, help="seconds; configurations not started by then are skipped")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the results here (after every configuration)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    p.set_defaults(_bench=run_step_command)
+    p.set_defaults(_bench=run)
 
 
-def run_step_command(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from starsd.bench.measure_gpu import SHAPES
     from starsd.bench.step import StepPlan, run_step_bench, write_report
     from starsd.checkpoints import ModelLoadError
-    from starsd.commands.bench import _error, _stderr_line
 
     for flag, model in (("--draft", args.draft), ("--target", args.target)):
         if model not in SHAPES and not Path(model).is_dir():
-            return _error(f"{flag} {model!r} is neither a shape ({', '.join(sorted(SHAPES))}) nor a directory", "step")
+            return error(f"{flag} {model!r} is neither a shape ({', '.join(sorted(SHAPES))}) nor a directory", "step")
     plan = StepPlan(
         draft=args.draft,
         target=args.target,
@@ -92,9 +83,9 @@ def run_step_command(args: argparse.Namespace) -> int:
     )
     try:
         plan.check()
-        report = run_step_bench(plan, (lambda _: None) if args.quiet else _stderr_line, write_report(args.json))
+        report = run_step_bench(plan, (lambda _: None) if args.quiet else stderr_line, write_report(args.json))
     except (ValueError, ModelLoadError) as exc:
-        return _error(str(exc), "step")
+        return error(str(exc), "step")
     print(report.table())
     if args.json:
         print(f"-> {args.json}", file=sys.stderr)

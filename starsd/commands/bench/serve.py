@@ -7,10 +7,10 @@ import json
 import sys
 from pathlib import Path
 
+from starsd.commands._common import positive_ints
 
-def configure_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from starsd.commands.bench import _int_list
 
+def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = sub.add_parser(
         "serve",
         help="drive an OpenAI-compatible endpoint at fixed concurrency: tokens/s, TTFT, TPOT, ITL, E2E",
@@ -28,7 +28,9 @@ def configure_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     where.add_argument("--no-draft", action="store_true", help="with --local-targets: the targets decode alone")
     where.add_argument("--target-arg", action="append", default=[], help="extra `starsd target` flag (repeatable)")
     load = serve.add_argument_group("the load")
-    load.add_argument("--concurrency", type=_int_list, default=(16,), help="requests in flight, e.g. 1,16 (default 16)")
+    load.add_argument(
+        "--concurrency", type=positive_ints, default=(16,), help="requests in flight, e.g. 1,16 (default 16)"
+    )
     load.add_argument("--requests", type=int, default=None, help="requests per pass (default: 4 x concurrency, >= 16)")
     load.add_argument("--prompt-tokens", type=int, default=32, help="random prompt length in tokens (default 32)")
     load.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (default 64)")
@@ -51,10 +53,10 @@ def configure_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     client.add_argument("--aiperf-out", type=Path, default=Path("bench/results/aiperf"), help="AIPerf's artifacts")
     serve.add_argument("--json", type=Path, metavar="FILE", help="write every pass's figures as JSON")
-    serve.set_defaults(_bench=run_serve_command)
+    serve.set_defaults(_bench=run)
 
 
-def run_serve_command(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from starsd.bench import aiperf
     from starsd.bench.report import to_json
     from starsd.bench.serve import ServeConfig, ServeReport, ServeResult, run
