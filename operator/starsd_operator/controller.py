@@ -496,7 +496,7 @@ def tick(
         obs, rebalanced = _rebalance(kube, body, memory, spec, obs, now=now, fetch=fetch, config=config)
         events += rebalanced
     if spec is not None:
-        events += gpu_warnings(memory, spec, observed) + pending_warnings(memory, spec, observed)
+        events += gpu_warnings(memory, spec, observed)
     new = status.build(obs, previous, now)
     if spec is not None:
         drafts = draftcount.status(memory.draft_readings, memory.draft_decision, previous, now)["drafts"]
@@ -544,19 +544,6 @@ def gpu_warnings(memory: Memory, spec: ClusterSpec, observed: status.Children) -
         message = problem.message if problem is not None else ""
         message = message if message.startswith(role) else f"{role}: {message}"
         events += _warn_once(memory, diagnose.GPU_UNUSABLE, message, unusable, key=f"{diagnose.GPU_UNUSABLE}/{role}")
-    return events
-
-
-def pending_warnings(memory: Memory, spec: ClusterSpec, observed: status.Children) -> list[Event]:
-    """A Warning per pool whose pods the scheduler cannot place (no node with the pool's labels, no free GPU,
-    an untolerated taint), with the scheduler's message, once while it lasts; the status has it too."""
-    events: list[Event] = []
-    for pool in spec.pools:
-        unplaced = diagnose.pending(observed.pods_of(c.COMPONENT_TARGET, pool.name))
-        reason = unplaced.reason if unplaced is not None else "Unschedulable"
-        plural = "" if unplaced is None or unplaced.pods == 1 else "s"
-        message = f"pool {pool.name}: {unplaced.pods} pod{plural} Pending: {unplaced.message}" if unplaced else ""
-        events += _warn_once(memory, reason, message, unplaced is not None, key=f"Pending/{pool.name}")
     return events
 
 
