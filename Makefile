@@ -9,7 +9,10 @@ UV_VERSION := 0.13.9
 
 .PHONY: help install demo test unit e2e soak bench bench-aiperf lint format proto models images base-image images-test e2e-real cluster-build cluster-up cluster-down clean
 IMAGE_TAG ?= 0.1.0
-VARIANT ?= auto
+VARIANT ?= cuda
+REGISTRY ?=
+PUSH ?=
+DRY_RUN ?=
 REAL_NODE ?= 0
 
 help: ## list the targets
@@ -79,7 +82,7 @@ lint: install ## ruff, the formatter check, mypy (strict on the core packages: p
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy starsd operator/starsd_operator
-	$(BIN)/hadolint images/draft/Dockerfile images/target/Dockerfile images/operator/Dockerfile images/base/Dockerfile
+	$(BIN)/hadolint images/dataplane/Dockerfile images/operator/Dockerfile images/base/Dockerfile
 	$(BIN)/shellcheck -x e2e/cluster/cluster.sh e2e/cluster/lib/*.sh images/*.sh images/lib/*.sh bench/gpu/*.sh
 
 format: install ## apply ruff's fixes and formatting
@@ -92,8 +95,8 @@ proto: install ## regenerate the gRPC stubs from starsd/proto/starsd.proto
 models: install ## train the shipped tokenizer and model pair into models/ (deterministic, CPU)
 	$(BIN)/starsd models train --out models
 
-images: ## build the draft, target and operator images with the engine here (VARIANT=auto|cpu|cuda)
-	IMAGE_TAG=$(IMAGE_TAG) VARIANT=$(VARIANT) bash images/build.sh
+images: ## build and tag the draft, target and operator images (REGISTRY=host/path PUSH=1: and push them; VARIANT=cuda|cpu; DRY_RUN=1 prints the commands)
+	IMAGE_TAG=$(IMAGE_TAG) VARIANT=$(VARIANT) REGISTRY=$(REGISTRY) PUSH=$(PUSH) DRY_RUN=$(DRY_RUN) bash images/build.sh
 
 base-image: ## a local Python base image from Debian's packages, for machines without registry access
 	bash images/base-image.sh

@@ -17,6 +17,9 @@ from e2e.kube import Cluster, wait_until
 
 RELEASE = "starsd"
 RELEASE_NAMESPACE = "starsd-system"
+# The chart's image.registry here: the real node's containerd holds the images `make images` built, which it
+# names docker.io/starsd/NAME:TAG (what docker's starsd/NAME:TAG stands for); kwok's fake nodes pull nothing.
+IMAGE_REGISTRY = "docker.io"
 
 
 def free_port() -> int:
@@ -31,7 +34,8 @@ def chart_path(cluster: Cluster) -> str:
 
 
 def install_chart(cluster: Cluster, *extra: str) -> None:
-    """`helm install` (or upgrade) the chart into starsd-system and wait for its Deployment."""
+    """`helm install` (or upgrade) the chart into starsd-system and wait for its Deployment; ``extra`` after
+    the image registry, so it may override it."""
     cluster.helm(
         "upgrade",
         "--install",
@@ -43,6 +47,8 @@ def install_chart(cluster: Cluster, *extra: str) -> None:
         "--wait",
         "--timeout",
         "120s",
+        "--set",
+        f"image.registry={IMAGE_REGISTRY}",
         *extra,
     )
 

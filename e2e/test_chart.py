@@ -10,7 +10,14 @@ import pytest
 from starsd_operator import permissions
 
 from e2e.kube import Cluster
-from e2e.operator_process import RELEASE, RELEASE_NAMESPACE, OperatorProcess, chart_path, install_chart
+from e2e.operator_process import (
+    IMAGE_REGISTRY,
+    RELEASE,
+    RELEASE_NAMESPACE,
+    OperatorProcess,
+    chart_path,
+    install_chart,
+)
 
 SA = f"system:serviceaccount:{RELEASE_NAMESPACE}:{RELEASE}-operator"
 
@@ -131,6 +138,8 @@ def test_chart_sample_cluster_is_accepted_by_the_api_server(
         namespace,
         "-f",
         str(cluster.repo / "tests" / "chart" / "values" / values),
+        "--set",
+        f"image.registry={IMAGE_REGISTRY}",
         "--show-only",
         "templates/starsdcluster.yaml",
     ).stdout

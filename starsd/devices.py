@@ -80,8 +80,8 @@ def cuda_refusal(device: str, *, torch_version: str, cuda_build: str | None, vis
     head = f"--device {device} on node {node}: {CUDA_REFUSAL}"
     if cuda_build is None:
         return (
-            f"{head}: this image's torch {torch_version} is a CPU-only build (the image's cpu variant); run the "
-            "CUDA image variant (tag suffix -cuda, built with `make images VARIANT=cuda`) on GPU nodes"
+            f"{head}: this image's torch {torch_version} is a CPU-only build (the image's cpu variant, tag suffix "
+            "-cpu); run the release's CUDA image (the tag without -cpu, what `make images` builds) on GPU nodes"
         )
     index = int(device.partition(":")[2] or 0)
     if visible == 0:

@@ -234,10 +234,12 @@ def test_the_charts_templates_fall_back_to_the_defaults() -> None:
     [("draft", [d.DRAFT_GRPC_PORT, d.DRAFT_METRICS_PORT]), ("target", [d.TARGET_HTTP_PORT])],
 )
 def test_the_images_expose_and_serve_on_the_default_ports(image: str, ports: list[int]) -> None:
-    dockerfile = (ROOT / "images" / image / "Dockerfile").read_text()
-    [expose] = re.findall(r"^EXPOSE (.+)$", dockerfile, re.MULTILINE)
+    dockerfile = (ROOT / "images" / "dataplane" / "Dockerfile").read_text()
+    stage = re.split(r"^FROM ", dockerfile, flags=re.MULTILINE)
+    [role] = [s for s in stage if s.startswith(f"runtime AS {image}\n")]  # the role's stage (--target)
+    [expose] = re.findall(r"^EXPOSE (.+)$", role, re.MULTILINE)
     assert [int(p) for p in expose.split()] == ports
-    [cmd] = re.findall(r"^CMD (\[.+\])$", dockerfile, re.MULTILINE)
+    [cmd] = re.findall(r"^CMD (\[.+\])$", role, re.MULTILINE)
     args = json.loads(cmd)
     served = [int(args[args.index(flag) + 1]) for flag in ("--port", "--metrics-port") if flag in args]
     assert served == ports

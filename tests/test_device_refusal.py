@@ -27,7 +27,7 @@ def test_a_cpu_only_torch_build_is_named_as_the_cpu_image_variant() -> None:
     message = cuda_refusal("cuda", torch_version="2.9.0+cpu", cuda_build=None, visible=0, node="gpu-node-7")
     assert message is not None
     assert CUDA_REFUSAL in message and "node gpu-node-7" in message
-    assert "CPU-only build" in message and "cpu variant" in message and "-cuda" in message
+    assert "CPU-only build" in message and "cpu variant" in message and "without -cpu" in message
 
 
 def test_a_cuda_build_without_a_visible_gpu_points_at_the_device_plugin() -> None:

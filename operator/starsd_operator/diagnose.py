@@ -8,7 +8,7 @@ those show up here as pods that crash with a termination message or stay Pending
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starsd.devices import CUDA_REFUSAL  # torch-free: the words a process told --device cuda stops with
@@ -25,8 +25,20 @@ GPU_UNUSABLE = "GPUUnusable"
 
 @dataclass(frozen=True)
 class Problem:
-    """Something that keeps a pod from serving. ``reason`` is CamelCase, for a condition."""
+    """Something that keeps a pod from serving. ``reason`` is CamelCase, for a condition; ``pool`` is the
+    target pool of the pod it was found on (None for a draft, or a workload)."""
 
+    reason: str
+    message: str
+    pool: str | None = None
+
+
+@dataclass(frozen=True)
+class Pending:
+    """Pods the scheduler has not placed (``PodScheduled=False``): how many, and the scheduler's reason and
+    message for the first of them by name (e.g. ``Unschedulable``, ``0/5 nodes are available: ...``)."""
+
+    pods: int
     reason: str
     message: str
 
@@ -93,16 +105,36 @@ def pod_problems(pod: Mapping[str, Any]) -> list[Problem]:
     problems: list[Problem] = []
     if status.get("phase") == "Failed":
         problems.append(Problem("PodFailed", _join(f"pod {name} failed", status.get("reason"), status.get("message"))))
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-            reason = str(cond.get("reason") or "Unschedulable")
-            problems.append(Problem(reason, _join(f"pod {name} cannot be scheduled", cond.get("message"))))
+    unplaced = _unscheduled(pod)
+    if unplaced is not None:
+        problems.append(Problem(unplaced[0], _join(f"pod {name} cannot be scheduled", unplaced[1])))
     statuses = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
     for container in statuses:
         problem = _container_problem(name, container, pool)
         if problem is not None:
             problems.append(problem)
-    return problems
+    return [replace(p, pool=pool) for p in problems]
+
+
+def pending(pods: Sequence[Mapping[str, Any]]) -> Pending | None:
+    """The pods among ``pods`` that the scheduler could not place, or None when it placed them all."""
+    unplaced = []
+    for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("name", ""))):
+        found = _unscheduled(pod)
+        if found is not None:
+            unplaced.append(found)
+    if not unplaced:
+        return None
+    reason, message = unplaced[0]
+    return Pending(pods=len(unplaced), reason=reason, message=message)
+
+
+def _unscheduled(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The scheduler's reason and message for a pod it has not placed (its ``PodScheduled=False`` condition)."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return str(cond.get("reason") or "Unschedulable"), str(cond.get("message") or "").strip()
+    return None
 
 
 def first_problem(

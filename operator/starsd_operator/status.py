@@ -194,6 +194,7 @@ def _targets(
 ) -> tuple[Condition, dict[str, Any]]:
     split = pools.split(spec.replicas, spec.pools)
     rolls = {r.name: r for r in rollouts or ()}
+    waiting: dict[str, diagnose.Pending] = {}
     pool_status: list[dict[str, Any]] = []
     missing: list[str] = []
     complete = True
@@ -213,6 +214,10 @@ def _targets(
         }
         if pool.name in rolls:
             row["rollout"] = rollout.status_entry(rolls[pool.name])
+        unplaced = diagnose.pending(children.pods_of(c.COMPONENT_TARGET, pool.name))
+        if unplaced is not None:
+            waiting[pool.name] = unplaced
+            row["pending"] = {"pods": unplaced.pods, "reason": unplaced.reason, "message": unplaced.message}
         pool_status.append(row)
     counts = target_counts(owner, spec, children)
     summary: dict[str, Any] = {
@@ -233,7 +238,7 @@ def _targets(
             c.COND_TARGETS_READY, True, "AllReplicasReady", f"{counts.ready} of {counts.desired} targets ready{capped}"
         )
     elif problem is not None:
-        cond = Condition(c.COND_TARGETS_READY, False, problem.reason, problem.message)
+        cond = Condition(c.COND_TARGETS_READY, False, problem.reason, _in_pool(problem, waiting))
     else:
         cond = Condition(
             c.COND_TARGETS_READY,
@@ -242,6 +247,18 @@ def _targets(
             f"{counts.ready} of {counts.desired} targets ready{capped}",
         )
     return cond, summary
+
+
+def _in_pool(problem: diagnose.Problem, waiting: Mapping[str, diagnose.Pending]) -> str:
+    """A target problem's message with its pool named first, and, when the scheduler cannot place the pool's
+    pods, how many wait: ``pool h100: 2 pods Pending: pod chat-target-h100-0 cannot be scheduled: ...``."""
+    if problem.pool is None:
+        return problem.message
+    head = f"pool {problem.pool}"
+    unplaced = waiting.get(problem.pool)
+    if unplaced is not None and unplaced.reason == problem.reason:
+        head += f": {unplaced.pods} pod{'s' if unplaced.pods != 1 else ''} Pending"
+    return problem.message if problem.message.startswith(f"pool {problem.pool}:") else f"{head}: {problem.message}"
 
 
 def _star(obs: Observation, ready: int) -> Condition:

@@ -15,6 +15,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "starsd"
 VALUES_DIR = Path(__file__).parent / "values"
+# The registry the tests render with: the chart refuses to render without one (image.registry).
+REGISTRY = "registry.example"
+WITH_REGISTRY = ("--set", f"image.registry={REGISTRY}")
 
 
 @pytest.fixture(scope="session")
@@ -56,10 +59,11 @@ def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="session")
 def render(helm: str) -> Callable[..., Rendered]:
-    """render(*values_files, release=..., sets=[...]) -> the rendered documents; fails on a helm error."""
+    """render(*values_files, release=..., sets=[...]) -> the rendered documents, with image.registry set to
+    REGISTRY; fails on a helm error."""
 
     def _render(*values_files: str, release: str = "rel", sets: tuple[str, ...] = ()) -> Rendered:
-        args = ["template", release, str(CHART), "--namespace", "starsd-system"]
+        args = ["template", release, str(CHART), "--namespace", "starsd-system", *WITH_REGISTRY]
         for f in values_files:
             args += ["-f", str(VALUES_DIR / f)]
         for s in sets:

@@ -116,7 +116,7 @@ def test_test_pod_calls_the_client_service_on_the_target_port(render: Callable[.
 
 
 def test_pods_run_as_the_user_the_images_create() -> None:
-    for image in ("draft", "target", "operator"):
+    for image in ("dataplane", "operator"):  # dataplane: the draft's and the target's
         dockerfile = (CHART.parents[1] / "images" / image / "Dockerfile").read_text()
         assert f"--uid {constants.RUN_AS_USER}" in dockerfile, image
         assert f"USER {constants.RUN_AS_USER}:{constants.RUN_AS_USER}" in dockerfile, image

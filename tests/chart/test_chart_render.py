@@ -171,18 +171,18 @@ def operator_env(docs: Rendered) -> dict[str, Any]:
 
 def test_operator_gets_the_draft_and_target_images(render: Render) -> None:
     assert operator_env(render()) | {"POD_NAMESPACE": None} == {
-        "STARSD_DRAFT_IMAGE": "starsd/draft:0.1.0",
-        "STARSD_TARGET_IMAGE": "starsd/target:0.1.0",
+        "STARSD_DRAFT_IMAGE": "registry.example/starsd/draft:0.1.0",
+        "STARSD_TARGET_IMAGE": "registry.example/starsd/target:0.1.0",
         "POD_NAMESPACE": None,
     }
-    custom = operator_env(render("custom-pools.yaml"))
-    assert custom["STARSD_DRAFT_IMAGE"] == "registry.example/starsd/draft:0.1.0-cuda"
-    assert custom["STARSD_TARGET_IMAGE"] == "registry.example/starsd/target:0.1.0-cuda"
+    custom = operator_env(render("custom-pools.yaml"))  # per-image repository and tag under the one registry
+    assert custom["STARSD_DRAFT_IMAGE"] == "registry.example/ml/draft:0.1.0-cpu"
+    assert custom["STARSD_TARGET_IMAGE"] == "registry.example/starsd/target:0.2.0"
 
 
 def test_operator_image_and_arguments(render: Render) -> None:
     container = render().one("Deployment")["spec"]["template"]["spec"]["containers"][0]
-    assert container["image"] == "starsd/operator:0.1.0"
+    assert container["image"] == "registry.example/starsd/operator:0.1.0"
     assert container["args"][:2] == ["--log-level=INFO", "operator"]
     assert not any(a.startswith("--namespace") for a in container["args"])
     custom = render("custom-pools.yaml").one("Deployment")["spec"]["template"]["spec"]["containers"][0]
@@ -205,13 +205,14 @@ def test_sample_cluster_renders_the_values(render: Render) -> None:
     assert spec["draft"]["model"] == {"path": "/models/draft"}
     assert spec["target"]["model"] == {"path": "/models/target"} and spec["target"]["gamma"] == 4
     assert [p["name"] for p in spec["pools"]] == ["h100", "l4"]
-    assert spec["pools"][0]["tolerations"][0]["key"] == "starsd.io/pool"
+    assert spec["pools"][0]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert spec["pools"][0]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 
 
 def test_custom_pools_reach_the_sample_cluster(render: Render) -> None:
     spec = render("custom-pools.yaml").one("StarSDCluster")["spec"]
     assert [(p["name"], p["weight"]) for p in spec["pools"]] == [("h100", 4), ("a100", 2), ("l4", 1)]
-    assert spec["pools"][1]["nodeSelector"] == {"starsd.io/pool": "a100"}
+    assert spec["pools"][1]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
     assert spec["targets"]["replicas"] == 12
     assert spec["target"]["gamma"] == 6
     assert spec["autoscaling"]["enabled"] is False
@@ -221,7 +222,7 @@ def test_test_pod_sends_a_completion_to_the_client_service(render: Render) -> No
     pod = render("sample.yaml").one("Pod")
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     container = pod["spec"]["containers"][0]
-    assert container["image"] == "starsd/target:0.1.0"
+    assert container["image"] == "registry.example/starsd/target:0.1.0"
     assert container["args"][1] == "http://chat.starsd-system.svc:8000/v1/completions"
     assert "/v1/completions" in container["args"][1] and "urlopen" in container["args"][0]
 

@@ -7,7 +7,7 @@ import re
 import pytest
 import yaml
 
-from .conftest import CHART, VALUES_DIR, run_helm
+from .conftest import CHART, VALUES_DIR, WITH_REGISTRY, run_helm
 
 
 def test_helm_lint_passes_for_every_values_file(helm: str) -> None:
@@ -72,6 +72,8 @@ BAD_VALUES = [
     (["cluster.autoscaling.underloadedUtilization=1.5"], "/cluster/autoscaling/underloadedUtilization"),
     (["serviceMonitor.interval=often"], "/serviceMonitor/interval"),
     (["images.target.repository="], "/images/target/repository"),
+    (["image.registry=https://registry.example"], "/image/registry"),
+    (["image.registry=registry.example/team/"], "/image/registry"),
 ]
 
 
@@ -87,8 +89,42 @@ def test_schema_refuses_bad_values(helm: str, sets: list[str], message: str) -> 
 
 def test_schema_accepts_the_shipped_values_files(helm: str) -> None:
     for values in sorted(VALUES_DIR.glob("*.yaml")):
-        proc = run_helm(helm, "template", "rel", str(CHART), "-f", str(values))
+        proc = run_helm(helm, "template", "rel", str(CHART), *WITH_REGISTRY, "-f", str(values))
         assert proc.returncode == 0, f"{values.name}: {proc.stderr}"
+
+
+@pytest.mark.parametrize("values", [None, "sample.yaml"])
+def test_without_a_registry_the_chart_refuses_to_render_and_says_how_to_get_one(helm: str, values: str | None) -> None:
+    """No image is published: a default would name images no registry holds (every pod in ImagePullBackOff)."""
+    extra = ["-f", str(VALUES_DIR / values)] if values else []
+    proc = run_helm(helm, "template", "rel", str(CHART), *extra)
+    assert proc.returncode != 0, "helm rendered the chart without image.registry"
+    assert "image.registry is required" in proc.stderr
+    assert "make images REGISTRY=" in proc.stderr and "PUSH=1" in proc.stderr
+    assert "--set image.registry=" in proc.stderr
+
+
+def test_with_a_registry_every_image_comes_from_it(helm: str) -> None:
+    proc = run_helm(helm, "template", "rel", str(CHART), "--set", "image.registry=registry.example.com:5000/team",
+                    "-f", str(VALUES_DIR / "sample.yaml"))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    images = [
+        c["image"]
+        for d in docs
+        if d["kind"] in {"Deployment", "Pod"}
+        for c in (d["spec"].get("template", d)["spec"]["containers"])
+    ]
+    env = [
+        e["value"]
+        for d in docs
+        if d["kind"] == "Deployment"
+        for e in d["spec"]["template"]["spec"]["containers"][0]["env"]
+        if e["name"].endswith("_IMAGE")
+    ]
+    assert sorted(images + env) == sorted(
+        f"registry.example.com:5000/team/starsd/{name}:0.1.0" for name in ("operator", "target", "draft", "target")
+    )
 
 
 def test_default_image_tags_match_the_chart_app_version() -> None:

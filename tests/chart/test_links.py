@@ -1,5 +1,5 @@
-"""Every relative link in crds/, charts/ and docs/ leads somewhere: markdown links resolve to a file (and to a
-heading, for an anchor), and the ``docs/....md`` a CRD description or a chart comment names exists."""
+"""Every relative link in crds/, charts/, docs/ and the README leads somewhere: markdown links resolve to a file
+(and to a heading, for an anchor), and the ``docs/....md`` a CRD description or a chart comment names exists."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCANNED = ("crds", "charts", "docs")
+SCANNED_FILES = ("README.md",)
 TEXT_SUFFIXES = {".md", ".yaml", ".yml", ".tpl", ".txt", ".json"}
 MARKDOWN_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 # A repository path to a doc, as a description or a comment names it: docs/x.md, docs/x.md#anchor.
@@ -19,10 +20,13 @@ FENCE = re.compile(r"^\s*(```|~~~)")
 
 def scanned_files() -> list[Path]:
     return sorted(
-        p
-        for top in SCANNED
-        for p in (REPO / top).rglob("*")
-        if p.is_file() and p.suffix in TEXT_SUFFIXES and not p.is_symlink()
+        [
+            p
+            for top in SCANNED
+            for p in (REPO / top).rglob("*")
+            if p.is_file() and p.suffix in TEXT_SUFFIXES and not p.is_symlink()
+        ]
+        + [REPO / name for name in SCANNED_FILES]
     )
 
 
@@ -82,7 +86,8 @@ def problems(path: Path) -> list[str]:
 
 def test_the_scan_covers_the_crd_the_chart_and_the_docs() -> None:
     names = {str(p.relative_to(REPO)) for p in scanned_files()}
-    assert {"crds/starsdcluster.yaml", "charts/starsd/README.md", "docs/models-and-pods.md"} <= names
+    assert {"crds/starsdcluster.yaml", "charts/starsd/README.md", "docs/models-and-pods.md", "README.md"} <= names
+    assert {"docs/gpu-nodes.md", "docs/node-failure.md"} <= names
 
 
 @pytest.mark.parametrize("path", scanned_files(), ids=lambda p: str(p.relative_to(REPO)))

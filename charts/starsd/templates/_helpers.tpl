@@ -63,10 +63,18 @@ starsd.serviceAccountName: the operator's ServiceAccount.
 {{- end }}
 
 {{/*
-starsd.image: "<repository>:<tag>" of an image block.
+starsd.registry: image.registry, which the chart cannot do without: no image is published, so a default would
+name images no registry holds and every pod would wait in ImagePullBackOff.
+*/}}
+{{- define "starsd.registry" -}}
+{{- required "image.registry is required: no StarSD image is published. Build and push the images with `make images REGISTRY=registry.example.com/team PUSH=1` (from the repository), then set the same registry: --set image.registry=registry.example.com/team" .Values.image.registry }}
+{{- end }}
+
+{{/*
+starsd.image: "<image.registry>/<repository>:<tag>" of an image block; called with (dict "root" $ "image" BLOCK).
 */}}
 {{- define "starsd.image" -}}
-{{- printf "%s:%s" .repository .tag }}
+{{- printf "%s/%s:%s" (include "starsd.registry" .root) .image.repository .image.tag }}
 {{- end }}
 
 {{/*
