@@ -431,8 +431,8 @@ def converge(kube: Kube, body: Mapping[str, Any], config: Config, memory: Memory
 
 
 def observe(kube: Kube, owner: Owner) -> status.Children:
-    """The cluster's workloads and pods, by label: the drafts' and the pools' StatefulSets (and a draft
-    Deployment left by an older operator)."""
+    """The cluster's workloads and pods, by label: the drafts' Deployment and the pools' StatefulSets (and a
+    draft StatefulSet left by an older operator)."""
     return status.Children(
         deployments=kube.list("Deployment", owner.namespace, naming.owned_selector(owner, c.COMPONENT_DRAFT)),
         statefulsets=kube.list("StatefulSet", owner.namespace, naming.owned_selector(owner)),
