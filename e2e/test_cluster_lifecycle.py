@@ -27,8 +27,8 @@ def test_sample_creates_every_child_on_its_pool_and_becomes_ready(cluster: Clust
     obj = ssd.wait_ready(cluster, namespace, "chat", replicas=6)
 
     found = ssd.children(cluster, namespace, "chat")
-    assert found["deployments"] == []
-    assert found["statefulsets"] == ["chat-draft", "chat-target-h100", "chat-target-l4"]
+    assert found["deployments"] == ["chat-draft"]
+    assert found["statefulsets"] == ["chat-target-h100", "chat-target-l4"]
     assert found["services"] == ["chat", "chat-draft", "chat-draft-pods", "chat-target-h100", "chat-target-l4"]
     assert ssd.statefulset_replicas(cluster, namespace, "chat") == {"h100": 4, "l4": 2}
     headless = cluster.get("service", "chat-target-h100", namespace)

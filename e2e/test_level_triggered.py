@@ -38,7 +38,7 @@ CHILDREN = [
     ("poddisruptionbudgets.policy", "chat-draft", "PodDisruptionBudget"),
     ("poddisruptionbudgets.policy", "chat-target-h100", "PodDisruptionBudget"),
     ("poddisruptionbudgets.policy", "chat-target-l4", "PodDisruptionBudget"),
-    ("statefulsets.apps", "chat-draft", "StatefulSet"),
+    ("deployments.apps", "chat-draft", "Deployment"),
     ("statefulsets.apps", "chat-target-l4", "StatefulSet"),
 ]
 RESULTS: dict[str, Any] = {}

@@ -1,11 +1,13 @@
-"""Several drafts on the real control plane (issue 21): ``spec.draft.replicas`` drafts are a StatefulSet whose
-pods each have a DNS name (a headless Service), every target is given the list of all of them, and changing
-the count moves only the targets the new draft takes. A cluster whose draft is still the Deployment of an
-older operator gets the StatefulSet, and the Deployment goes."""
+"""Several drafts on the real control plane: ``spec.draft.replicas`` drafts are the pods of one Deployment,
+listed (when ready) by a headless Service; every target is given that Service's name (``--drafts-from``), not a
+list, so changing the draft count recreates no target pod. A draft image change rolls the drafts with surge (a
+new draft is ready before the old one goes). A cluster whose drafts are still the StatefulSet of an older
+operator gets the Deployment, and the StatefulSet goes once the Deployment is ready."""
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -14,7 +16,6 @@ import yaml
 from e2e import starsd_cluster as ssd
 from e2e.kube import Cluster, wait_until
 from e2e.operator_process import OperatorProcess
-from starsd.assignment import ordered_drafts
 
 pytestmark = pytest.mark.usefixtures("operator")
 
@@ -22,15 +23,11 @@ DRAFT = "app.kubernetes.io/component=draft"
 TARGET = "app.kubernetes.io/component=target"
 
 
-def endpoints(name: str, namespace: str, drafts: int) -> list[str]:
-    """What the operator must give every target: each draft pod's DNS name and gRPC port, draft 0 first."""
-    return [f"{name}-draft-{i}.{name}-draft-pods.{namespace}.svc:50051" for i in range(drafts)]
-
-
-def draft_list(template_spec: dict[str, Any]) -> list[str]:
+def drafts_from(template_spec: dict[str, Any]) -> str:
     [container] = [c for c in template_spec["containers"] if c["name"] == "target"]
     command = container["command"]
-    return str(command[command.index("--draft") + 1]).split(",")
+    assert "--draft" not in command
+    return str(command[command.index("--drafts-from") + 1])
 
 
 def pods(cluster: Cluster, namespace: str, name: str, component: str) -> list[dict[str, Any]]:
@@ -43,99 +40,122 @@ def ready(pod: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
 
 
-def target_sets(cluster: Cluster, namespace: str, name: str) -> dict[str, dict[str, Any]]:
-    sets = cluster.get("statefulsets", namespace=namespace, selector=f"app.kubernetes.io/instance={name},{TARGET}")
-    return {s["metadata"]["name"]: s for s in sets}
+def ready_drafts(cluster: Cluster, namespace: str, name: str) -> set[str]:
+    return {
+        p["metadata"]["name"]
+        for p in pods(cluster, namespace, name, DRAFT)
+        if ready(p) and not p["metadata"].get("deletionTimestamp")
+    }
 
 
-def first_choices(target_pods: list[dict[str, Any]], drafts: list[str]) -> dict[str, str]:
-    """Each target pod's first-choice draft, as the target computes it from its own name (``--id $(POD_NAME)``)."""
-    return {p["metadata"]["name"]: ordered_drafts(p["metadata"]["name"], drafts)[0] for p in target_pods}
-
-
-def every_target_lists(cluster: Cluster, namespace: str, name: str, wanted: list[str]) -> bool:
-    """The pools' templates and every running target pod carry exactly ``wanted``."""
-    sets = target_sets(cluster, namespace, name)
-    running = pods(cluster, namespace, name, TARGET)
-    return (
-        bool(sets)
-        and all(draft_list(s["spec"]["template"]["spec"]) == wanted for s in sets.values())
-        and all(draft_list(p["spec"]) == wanted for p in running)
+def listed_drafts(cluster: Cluster, namespace: str, service: str) -> set[str]:
+    """The pods the headless Service's EndpointSlices list as ready (what its DNS name resolves to)."""
+    slices = cluster.get(
+        "endpointslices.discovery.k8s.io", namespace=namespace, selector=f"kubernetes.io/service-name={service}"
     )
+    return {
+        str((e.get("targetRef") or {}).get("name"))
+        for s in slices
+        for e in s.get("endpoints") or []
+        if (e.get("conditions") or {}).get("ready")
+    }
 
 
-def test_three_drafts_for_nine_targets_and_a_fourth_moves_at_most_a_third(cluster: Cluster, namespace: str) -> None:
+def target_uids(cluster: Cluster, namespace: str, name: str) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods(cluster, namespace, name, TARGET)}
+
+
+def scale_drafts(cluster: Cluster, namespace: str, name: str, drafts: int) -> None:
+    patch = json.dumps({"spec": {"draft": {"replicas": drafts}}})
+    cluster.kubectl("patch", ssd.RESOURCE, name, "-n", namespace, "--type=merge", "-p", patch)
+
+
+def test_drafts_one_three_two_recreate_no_target_and_the_headless_service_lists_the_ready_ones(
+    cluster: Cluster, namespace: str
+) -> None:
     doc = ssd.sample("many")
-    doc["spec"]["draft"]["replicas"] = 3
-    # Nine targets in one pool (ordinals 0..8) on the h100 nodes; the drafts take l4 GPUs (at most 4 of 8).
+    # Six targets in one pool on the h100 nodes; the drafts take l4 GPUs (at most 4 of 8, a surge included).
     doc["spec"]["pools"] = [{**doc["spec"]["pools"][0], "maxReplicas": 12}]
-    doc["spec"]["targets"]["replicas"] = 9
-    doc["spec"]["autoscaling"].update(minDrafts=1, maxDrafts=4)  # the CEL rule: replicas within them
+    doc["spec"]["targets"]["replicas"] = 6
+    doc["spec"]["autoscaling"].update(minDrafts=1, maxDrafts=3)  # the CEL rule: replicas within them
     ssd.apply(cluster, namespace, doc)
-    obj = ssd.wait_ready(cluster, namespace, "many", replicas=9, timeout=180)
+    obj = ssd.wait_ready(cluster, namespace, "many", replicas=6, timeout=180)
 
-    sts = cluster.get("statefulset", "many-draft", namespace)
-    assert sts["spec"]["replicas"] == 3
-    assert sts["spec"]["podManagementPolicy"] == "Parallel"
-    assert sts["spec"]["serviceName"] == "many-draft-pods"
-    assert [ref["uid"] for ref in sts["metadata"]["ownerReferences"]] == [obj["metadata"]["uid"]]
-    drafts = pods(cluster, namespace, "many", DRAFT)
-    assert [p["metadata"]["name"] for p in drafts] == ["many-draft-0", "many-draft-1", "many-draft-2"]
-    assert all(ready(p) for p in drafts)
-    assert all(p["spec"]["subdomain"] == "many-draft-pods" for p in drafts)  # what gives each its DNS name
-    assert cluster.get("deployments", namespace=namespace, selector=DRAFT) == []
-
+    dep = cluster.get("deployment", "many-draft", namespace)
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert [ref["uid"] for ref in dep["metadata"]["ownerReferences"]] == [obj["metadata"]["uid"]]
+    assert cluster.get("statefulsets", namespace=namespace, selector=DRAFT) == []
     headless = cluster.get("service", "many-draft-pods", namespace)
     assert headless["spec"]["clusterIP"] == "None"
     assert headless["spec"].get("publishNotReadyAddresses", False) is False
-    assert headless["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
-    # The one-draft address stays, over any ready draft.
-    assert cluster.get("service", "many-draft", namespace)["spec"]["type"] == "ClusterIP"
+    assert headless["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    assert cluster.get("service", "many-draft", namespace)["spec"]["type"] == "ClusterIP"  # the one-draft address
 
-    three = endpoints("many", namespace, 3)
-    assert set(target_sets(cluster, namespace, "many")) == {"many-target-h100"}
-    assert every_target_lists(cluster, namespace, "many", three)
-    targets = pods(cluster, namespace, "many", TARGET)
-    assert len(targets) == 9
-    before = first_choices(targets, three)
-    assert sorted(before.values()) == sorted(three * 3)  # three targets on each draft
+    [pool] = cluster.get("statefulsets", namespace=namespace, selector=f"app.kubernetes.io/instance=many,{TARGET}")
+    source = f"dns:many-draft-pods.{namespace}.svc:50051"
+    assert drafts_from(pool["spec"]["template"]["spec"]) == source
+    uids = target_uids(cluster, namespace, "many")
+    assert len(uids) == 6 and all(drafts_from(p["spec"]) == source for p in pods(cluster, namespace, "many", TARGET))
+    revision = pool["status"].get("updateRevision")
 
-    counts = {k: obj["status"]["drafts"][k] for k in ("replicas", "ready", "desired", "readyOfDesired")}
-    assert counts == {"replicas": 3, "ready": 3, "desired": 3, "readyOfDesired": "3/3"}
-    # each draft pod's own load is read (here its DNS name does not resolve: the operator runs outside the cluster)
-    assert [row["index"] for row in obj["status"]["drafts"]["loads"]] == [0, 1, 2]
+    for drafts in (3, 2):
+        scale_drafts(cluster, namespace, "many", drafts)
+        wait_until(
+            f"{drafts} ready drafts, listed by the headless Service",
+            lambda n=drafts: (
+                len(r := ready_drafts(cluster, namespace, "many")) == n
+                and listed_drafts(cluster, namespace, "many-draft-pods") == r
+            ),
+            timeout=120,
+        )
+        obj = ssd.wait_ready(cluster, namespace, "many", replicas=6, timeout=120)
+        counts = {k: obj["status"]["drafts"][k] for k in ("replicas", "ready", "desired", "readyOfDesired")}
+        assert counts == {
+            "replicas": drafts,
+            "ready": drafts,
+            "desired": drafts,
+            "readyOfDesired": f"{drafts}/{drafts}",
+        }
+        # No target pod was recreated, and the pool's template did not move.
+        assert target_uids(cluster, namespace, "many") == uids
+        pool = cluster.get("statefulset", "many-target-h100", namespace)
+        assert pool["status"].get("updateRevision") == revision
     table = cluster.kubectl("get", ssd.RESOURCE, "many", "-n", namespace).stdout.splitlines()
     header, row = table[0].split(), table[1].split()
-    assert row[header.index("DRAFTS")] == "3/3", table
+    assert row[header.index("DRAFTS")] == "2/2", table
 
-    cluster.kubectl(
-        "patch", ssd.RESOURCE, "many", "-n", namespace, "--type=merge", "-p", '{"spec":{"draft":{"replicas":4}}}'
-    )
-    four = endpoints("many", namespace, 4)
-    # A new draft list is a new target template: the pools roll (kwok's pods are ready at once).
-    wait_until(
-        "every target pool and pod to list four drafts",
-        lambda: every_target_lists(cluster, namespace, "many", four),
-        timeout=180,
-    )
-    obj = ssd.wait_ready(cluster, namespace, "many", replicas=9, timeout=180)
-    assert cluster.get("statefulset", "many-draft", namespace)["spec"]["replicas"] == 4
-    wait_until(
-        "four ready draft pods",
-        lambda: (
-            [p["metadata"]["name"] for p in pods(cluster, namespace, "many", DRAFT) if ready(p)]
-            == [f"many-draft-{i}" for i in range(4)]
-        ),
-        timeout=60,
-    )
-    assert obj["status"]["drafts"]["readyOfDesired"] == "4/4"
 
-    targets = pods(cluster, namespace, "many", TARGET)
-    assert sorted(before) == sorted(p["metadata"]["name"] for p in targets)  # the same nine targets
-    after = first_choices(targets, four)
-    moved = {name for name in before if before[name] != after[name]}
-    assert 1 <= len(moved) <= len(before) // 3, (before, after)
-    assert {after[name] for name in moved} == {four[3]}  # only to the new draft; the others keep theirs
+def test_a_draft_image_change_rolls_the_draft_with_surge(cluster: Cluster, namespace: str) -> None:
+    """A new draft pod is ready before the old one is deleted: at every moment of the rollout at least one
+    draft is ready and not terminating, and the old pod starts terminating only once a new one is ready."""
+    doc = ssd.sample("surge")
+    doc["spec"]["autoscaling"]["enabled"] = False
+    doc["spec"]["targets"]["replicas"] = 2
+    ssd.apply(cluster, namespace, doc)
+    ssd.wait_ready(cluster, namespace, "surge", replicas=2, timeout=180)
+    [old] = ready_drafts(cluster, namespace, "surge")
+    uids = target_uids(cluster, namespace, "surge")
+
+    patch = json.dumps({"spec": {"draft": {"image": "starsd/draft:surge-test"}}})
+    cluster.kubectl("patch", ssd.RESOURCE, "surge", "-n", namespace, "--type=merge", "-p", patch)
+    snapshots: list[dict[str, tuple[bool, bool]]] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        seen = {
+            p["metadata"]["name"]: (ready(p), bool(p["metadata"].get("deletionTimestamp")))
+            for p in pods(cluster, namespace, "surge", DRAFT)
+        }
+        snapshots.append(seen)
+        if old not in seen and any(r and not t for r, t in seen.values()):
+            break
+        time.sleep(0.05)
+    assert old not in snapshots[-1], f"the old draft {old} was not replaced: {snapshots[-1]}"
+    for seen in snapshots:
+        assert any(r and not t for r, t in seen.values()), f"no draft ready during the rollout: {seen}"
+        if old not in seen or seen[old][1]:  # the old draft is leaving or gone
+            assert any(r for name, (r, _) in seen.items() if name != old), f"left before a new one was ready: {seen}"
+    assert target_uids(cluster, namespace, "surge") == uids  # a draft rollout recreates no target
 
 
 def events(cluster: Cluster, namespace: str, name: str) -> list[tuple[str, str, str]]:
@@ -147,8 +167,8 @@ def events(cluster: Cluster, namespace: str, name: str) -> list[tuple[str, str, 
     ]
 
 
-def legacy_deployment(namespace: str, owner: dict[str, Any]) -> dict[str, Any]:
-    """The draft Deployment an operator before several drafts made: its name, labels, owner and placement."""
+def legacy_statefulset(namespace: str, owner: dict[str, Any]) -> dict[str, Any]:
+    """The draft StatefulSet an operator of the StatefulSet days made: its name, labels, owner and placement."""
     labels = {
         "app.kubernetes.io/name": "starsd",
         "app.kubernetes.io/instance": "legacy",
@@ -156,7 +176,7 @@ def legacy_deployment(namespace: str, owner: dict[str, Any]) -> dict[str, Any]:
     }
     return {
         "apiVersion": "apps/v1",
-        "kind": "Deployment",
+        "kind": "StatefulSet",
         "metadata": {
             "name": "legacy-draft",
             "namespace": namespace,
@@ -174,7 +194,8 @@ def legacy_deployment(namespace: str, owner: dict[str, Any]) -> dict[str, Any]:
         },
         "spec": {
             "replicas": 1,
-            "strategy": {"type": "Recreate"},
+            "serviceName": "legacy-draft-pods",
+            "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": labels},
             "template": {
                 "metadata": {"labels": {**labels, "app.kubernetes.io/managed-by": "starsd-operator"}},
@@ -194,11 +215,11 @@ def legacy_deployment(namespace: str, owner: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def test_an_old_draft_deployment_is_replaced_by_the_statefulset(
+def test_an_old_draft_statefulset_is_replaced_by_the_deployment_without_a_gap(
     cluster: Cluster, operator: OperatorProcess, namespace: str
 ) -> None:
-    """What an operator upgrade meets: a cluster whose draft is a Deployment. The new operator applies the
-    StatefulSet, then deletes the Deployment (an Event says so), and the cluster becomes Ready."""
+    """What an operator upgrade meets: a cluster whose drafts are a StatefulSet. The new operator applies the
+    Deployment, and deletes the StatefulSet only once the Deployment's draft is ready (an Event says so)."""
     doc = ssd.sample("legacy")
     doc["spec"]["autoscaling"]["enabled"] = False
     doc["spec"]["targets"]["replicas"] = 3
@@ -206,29 +227,33 @@ def test_an_old_draft_deployment_is_replaced_by_the_statefulset(
     try:
         ssd.apply(cluster, namespace, doc)
         owner = ssd.get(cluster, namespace, "legacy")
-        cluster.apply(json.dumps(legacy_deployment(namespace, owner)), namespace=namespace)
+        cluster.apply(json.dumps(legacy_statefulset(namespace, owner)), namespace=namespace)
         wait_until(
-            "the old draft Deployment's pod to run",
-            lambda: any(ready(p) for p in pods(cluster, namespace, "legacy", DRAFT)),
+            "the old draft StatefulSet's pod to run",
+            lambda: ready_drafts(cluster, namespace, "legacy") == {"legacy-draft-0"},
             timeout=60,
         )
     finally:
         operator.start()
 
+    # Until the StatefulSet is gone, some draft is always ready (the old one, then the new one too).
+    def replaced() -> bool | None:
+        assert ready_drafts(cluster, namespace, "legacy"), "no draft was ready during the upgrade"
+        gone = cluster.get("statefulsets", namespace=namespace, selector=DRAFT) == []
+        return gone or None
+
+    wait_until("the old StatefulSet to be deleted", replaced, timeout=180, interval=0.2)
     obj = ssd.wait_ready(cluster, namespace, "legacy", replicas=3, timeout=180)
     wait_until(
-        "the old Deployment and its pod to be gone",
-        lambda: (
-            cluster.get("deployments", namespace=namespace, selector=DRAFT) == []
-            and [p["metadata"]["name"] for p in pods(cluster, namespace, "legacy", DRAFT)] == ["legacy-draft-0"]
-        ),
+        "the old draft pod to be gone",
+        lambda: "legacy-draft-0" not in {p["metadata"]["name"] for p in pods(cluster, namespace, "legacy", DRAFT)},
         timeout=90,
     )
-    sts = cluster.get("statefulset", "legacy-draft", namespace)
-    assert [ref["uid"] for ref in sts["metadata"]["ownerReferences"]] == [obj["metadata"]["uid"]]
-    assert sts["status"]["readyReplicas"] == 1
-    # Pinned images: the running draft's image carries over to the StatefulSet.
-    assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == "starsd/draft:0.0.9"
+    dep = cluster.get("deployment", "legacy-draft", namespace)
+    assert [ref["uid"] for ref in dep["metadata"]["ownerReferences"]] == [obj["metadata"]["uid"]]
+    assert dep["status"]["readyReplicas"] == 1
+    # Pinned images: the running draft's image carries over to the Deployment.
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "starsd/draft:0.0.9"
     deleted = wait_until(
         "the Deleted Event",
         lambda: [e for e in events(cluster, namespace, "legacy") if e[1] == "Deleted"] or None,
@@ -236,9 +261,9 @@ def test_an_old_draft_deployment_is_replaced_by_the_statefulset(
     assert (
         "Normal",
         "Deleted",
-        "deleted Deployment legacy-draft: the drafts run in StatefulSet legacy-draft now",
+        "deleted StatefulSet legacy-draft: the drafts run in Deployment legacy-draft now",
     ) in deleted
-    assert operator.log_contains("deleting Deployment")
+    assert operator.log_contains("deleting StatefulSet")
 
 
 def test_the_api_server_keeps_the_draft_count_within_its_bounds(cluster: Cluster, namespace: str) -> None:

@@ -38,7 +38,7 @@ def test_each_source_kind_lands_as_init_container_volumes_and_env(cluster: Clust
     stored = ssd.get(cluster, namespace, "src")["spec"]
     assert stored["target"]["model"]["pvc"]["readOnly"] is True  # the CRD's default
 
-    draft = _template(cluster, namespace, "statefulsets", "src-draft")
+    draft = _template(cluster, namespace, "deployments", "src-draft")
     [fetch] = draft["initContainers"]
     [server] = draft["containers"]
     assert fetch["command"][:3] == ["starsd", "fetch-model", "hf://org/draft@0123abc"]

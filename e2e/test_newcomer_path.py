@@ -53,7 +53,7 @@ def test_create_and_scale_post_normal_events_and_targets_reads_ready_over_desire
         lambda: [e for e in events(cluster, namespace, "chat") if e[1] == "Created"] or None,
     )
     assert ("Normal", "Created", "created StatefulSet chat-target-h100") in created
-    assert ("Normal", "Created", "created StatefulSet chat-draft") in created
+    assert ("Normal", "Created", "created Deployment chat-draft") in created
 
     table = cluster.kubectl("get", ssd.RESOURCE, "chat", "-n", namespace).stdout.splitlines()
     header, row = table[0].split(), table[1].split()

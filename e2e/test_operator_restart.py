@@ -41,8 +41,8 @@ def test_operator_killed_mid_reconcile_converges_after_restart(
         timeout=60,
     )
     found = ssd.children(cluster, namespace, "chat")
-    assert found["deployments"] == []
-    assert found["statefulsets"] == ["chat-draft", "chat-target-h100"]
+    assert found["deployments"] == ["chat-draft"]
+    assert found["statefulsets"] == ["chat-target-h100"]
     assert found["services"] == ["chat", "chat-draft", "chat-draft-pods", "chat-target-h100"]
 
     uid = obj["metadata"]["uid"]

@@ -86,7 +86,7 @@ def test_every_user_field_lands_in_the_pool_and_draft_pods(cluster: Cluster, nam
 
     for kind, name, template in (
         ("statefulsets", f"tpl-target-{pool['name']}", TEMPLATE),
-        ("statefulsets", "tpl-draft", draft_template),
+        ("deployments", "tpl-draft", draft_template),
     ):
         landed = _workload(cluster, namespace, kind, name)["spec"]["template"]
         assert _contains(landed["metadata"], template["metadata"]), landed["metadata"]

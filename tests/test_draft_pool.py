@@ -205,3 +205,47 @@ def test_the_target_refuses_a_missing_tls_ca_before_loading_its_model(
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert "--draft-tls-ca" in err and "no such file" in err
+
+
+# --- drafts found live (--drafts-from) ------------------------------------------------------------------------
+
+
+def test_a_new_first_choice_found_live_is_probed_at_once_and_moving_to_it_is_a_drafts_change() -> None:
+    policy = DraftPolicy(("a", "b"), probe_seconds=3.0, live=True)
+    policy.connected(0, now=0.0)
+    assert policy.probe_delay(1.0) is None  # on the first choice
+    policy.reorder(("c", "a", "b"), now=1.0)
+    assert policy.rank == 1 and policy.probe_delay(1.0) == 0.0
+    assert policy.probed(1.0, answered=True, room=True)
+    assert policy.connected(0, now=1.1) is Reason.DRAFTS_CHANGED
+
+
+def test_a_draft_in_use_that_leaves_the_list_is_displaced_until_the_client_moves_off_it() -> None:
+    policy = DraftPolicy(("a", "b", "c"), probe_seconds=3.0, live=True)
+    policy.connected(1, now=0.0)
+    policy.reorder(("a", "c"), now=5.0)
+    assert policy.displaced == "b" and policy.rank is None and policy.probe_delay(5.0) == 0.0
+    assert policy.attempts() == [0, 1]
+    policy.escaped(5.0, found=False)  # no other draft answered: stay on it, try again one interval later
+    assert policy.probe_delay(5.0) == 3.0
+    policy.reorder(("a",), now=6.0)  # still not listed: still displaced, the next try as planned
+    assert policy.displaced == "b" and policy.probe_delay(6.0) == 2.0
+    assert policy.connected(0, now=7.0) is Reason.DRAFTS_CHANGED
+    assert policy.displaced is None and policy.rank == 0
+
+
+def test_a_displaced_draft_listed_again_is_simply_in_use_again() -> None:
+    policy = DraftPolicy(("a", "b"), live=True)
+    policy.connected(0, now=0.0)
+    policy.reorder(("b",), now=1.0)
+    policy.reorder(("a", "b"), now=2.0)
+    assert policy.displaced is None and policy.rank == 0
+
+
+def test_a_live_order_may_be_empty_and_then_nothing_is_tried() -> None:
+    policy = DraftPolicy((), live=True)
+    assert policy.attempts() == [] and policy.probe_delay(0.0) is None
+    policy.reorder(("a",), now=0.0)
+    assert policy.attempts() == [0]
+    with pytest.raises(ValueError, match="listed twice"):
+        policy.reorder(("a", "a"), now=0.0)

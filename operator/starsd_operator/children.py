@@ -18,7 +18,7 @@ def desired(
     partitions: Mapping[str, int] | None = None,
     api_key: apikey.KeyState | None = None,
 ) -> list[dict[str, Any]]:
-    """The draft's StatefulSet, its headless and ClusterIP Services, NetworkPolicy and PodDisruptionBudget, per
+    """The draft's Deployment, its headless and ClusterIP Services, NetworkPolicy and PodDisruptionBudget, per
     pool a StatefulSet, headless Service and (with replicas) PodDisruptionBudget, and the client Service and
     the targets' NetworkPolicy;
     Services come before the workloads that use their names. ``partitions`` holds each pool's StatefulSet partition (see
@@ -33,7 +33,7 @@ def desired(
         draft.service(owner),
         draft.headless_service(owner),
         network.draft_policy(owner),
-        draft.statefulset(owner, spec, images),
+        draft.deployment(owner, spec, images),
         targets.client_service(owner),
         network.target_policy(owner, spec.network),
     ]

@@ -119,9 +119,9 @@ def reconcile(
     kube: Kube, body: Mapping[str, Any], config: Config, memory: Memory, *, now: float | None = None
 ) -> list[Event]:
     """Apply every desired child, then delete the pools' children the spec no longer lists and a draft
-    Deployment an older operator made; returns the Normal Events of what changed (children created, workloads
-    scaled, stale children deleted). Each pool's
-    StatefulSet gets the partition :mod:`.rollout` decides from what runs now (``now``: the clock, seconds).
+    StatefulSet an older operator made (once the draft Deployment is ready); returns the Normal Events of what
+    changed (children created, workloads scaled, stale children deleted). Each pool's StatefulSet gets the
+    partition :mod:`.rollout` decides from what runs now (``now``: the clock, seconds).
 
     Raises :class:`SpecError` or :class:`KubeError`; the error is also kept in ``memory`` so the next tick
     reports it in ``Ready``.
@@ -151,7 +151,7 @@ def reconcile(
     return events
 
 
-# Deployment: only the draft Deployment of an operator before several drafts, to replace it.
+# StatefulSet: the pools', and the draft StatefulSet of an older operator, to replace it.
 CHILD_KINDS = ("Service", "NetworkPolicy", "Deployment", "StatefulSet", "PodDisruptionBudget")
 
 
@@ -177,8 +177,8 @@ def cluster_images(
     running: dict[str, str | None] = {}
     if not recorded:
         if spec.draft.image is None:
-            drafts = existing.get(("StatefulSet", naming.draft_statefulset_name(owner)))
-            legacy = existing.get(("Deployment", draft.legacy_deployment(owner)))
+            drafts = existing.get(("Deployment", naming.draft_name(owner)))
+            legacy = existing.get(("StatefulSet", draft.legacy_statefulset(owner)))
             running["draft"] = imagepolicy.container_image(drafts) or imagepolicy.container_image(legacy)
         if spec.target.image is None:
             sets = [existing.get(("StatefulSet", naming.pool_name(owner, p.name))) for p in spec.pools]
@@ -232,21 +232,36 @@ def _delete_stale(kube: Kube, owner: Owner, wanted: list[dict[str, Any]]) -> lis
     return events
 
 
-def _replace_legacy_draft(kube: Kube, owner: Owner, before: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[Event]:
-    """Delete the draft Deployment an operator before several drafts made, now that the draft StatefulSet is
-    applied (the caller applied it first). Its pod goes first, as a Recreate would: on a node with one GPU the
-    StatefulSet's pod waits for it. Idempotent, so a restart between the apply and the delete converges."""
-    name = draft.legacy_deployment(owner)
-    old = before.get(("Deployment", name))
+def _replace_legacy_draft(kube: Kube, owner: Owner, live: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[Event]:
+    """Delete the draft StatefulSet an older operator made, once the draft Deployment (applied first) is ready
+    with every draft it asks for: the old drafts serve until the new ones do, so the star has no gap. ``live``
+    is what the API server holds (the Deployment's status decides). Idempotent, so an operator restarted
+    between the apply and the delete converges on its next pass."""
+    name = draft.legacy_statefulset(owner)
+    old = live.get(("StatefulSet", name))
     if old is None:
         return []
     refs = (old.get("metadata") or {}).get("ownerReferences") or []
     if not any(ref.get("uid") == owner.uid for ref in refs):
         return []
-    sts = naming.draft_statefulset_name(owner)
-    log.info("deleting Deployment %s/%s: the drafts run in StatefulSet %s now", owner.namespace, name, sts)
-    kube.delete("Deployment", owner.namespace, name)
-    return [Event("Normal", c.EVENT_DELETED, f"deleted Deployment {name}: the drafts run in StatefulSet {sts} now")]
+    deployment = naming.draft_name(owner)
+    if not deployment_ready(live.get(("Deployment", deployment))):
+        return []
+    log.info("deleting StatefulSet %s/%s: the drafts run in Deployment %s now", owner.namespace, name, deployment)
+    kube.delete("StatefulSet", owner.namespace, name)
+    message = f"deleted StatefulSet {name}: the drafts run in Deployment {deployment} now"
+    return [Event("Normal", c.EVENT_DELETED, message)]
+
+
+def deployment_ready(obj: Mapping[str, Any] | None) -> bool:
+    """Whether a Deployment has seen its latest spec and runs every replica it asks for, ready and up to date."""
+    if obj is None:
+        return False
+    meta, spec, st = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    want = int(spec.get("replicas", 1) or 0)
+    seen = int(st.get("observedGeneration") or 0) >= int(meta.get("generation") or 0)
+    ready = int(st.get("readyReplicas") or 0) >= want and int(st.get("updatedReplicas") or 0) >= want
+    return seen and ready and want > 0
 
 
 def plan_rollouts(
@@ -416,8 +431,8 @@ def converge(kube: Kube, body: Mapping[str, Any], config: Config, memory: Memory
 
 
 def observe(kube: Kube, owner: Owner) -> status.Children:
-    """The cluster's workloads and pods, by label: the drafts' and the pools' StatefulSets (and a draft
-    Deployment left by an older operator)."""
+    """The cluster's workloads and pods, by label: the drafts' Deployment and the pools' StatefulSets (and a
+    draft StatefulSet left by an older operator)."""
     return status.Children(
         deployments=kube.list("Deployment", owner.namespace, naming.owned_selector(owner, c.COMPONENT_DRAFT)),
         statefulsets=kube.list("StatefulSet", owner.namespace, naming.owned_selector(owner)),
@@ -570,7 +585,9 @@ def _rebalance(
         " unless started with --allow-load-url-annotation",
         c.ANNOTATION_LOAD_URL in annotations and not config.allow_load_url_annotation,
     )
-    urls = loadclient.load_urls(owner, annotations if overridden else None, draftcount.replicas(spec))
+    urls = loadclient.load_urls(
+        owner, annotations if overridden else None, draftcount.replicas(spec), draftcount.ready_pod_ips(obs.children)
+    )
     hpa = external_autoscaler(kube, owner) if spec.autoscaling.enabled else None
     events += _warn_once(
         memory,

@@ -1,10 +1,11 @@
-"""The drafts: a StatefulSet of ``spec.draft.replicas`` pods, a headless Service that names each pod, and the
+"""The drafts: a Deployment of ``spec.draft.replicas`` pods, a headless Service that lists the ready ones, and the
 ClusterIP Service over any ready draft (kept for clients of the one-draft address).
 
-Every target lists all draft pods by their DNS names and connects to its own first (``starsd.assignment``,
-docs/architecture.md); a draft pod needs a stable name, so a StatefulSet, not a Deployment. Clusters made by
-an operator before several drafts have a draft Deployment of the same name: :func:`legacy_deployment` names
-it, and the reconcile deletes it once the StatefulSet exists.
+Targets find the drafts live through the headless Service (``--drafts-from dns:NAME-draft-pods.NS.svc:50051``)
+and pick theirs by rendezvous hashing (docs/architecture.md, "Several drafts"): no target needs a draft's name,
+so the drafts are a Deployment, which surges a new draft in before the old one leaves and replaces a draft on a
+lost node by itself. Clusters made by an operator of the StatefulSet days have a draft StatefulSet of the same
+name: :func:`legacy_statefulset` names it, and the reconcile deletes it once the Deployment is ready.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from .naming import Owner
 from .spec import ClusterSpec
 
 
-def statefulset(owner: Owner, spec: ClusterSpec, images: podspec.Images) -> dict[str, Any]:
-    """``spec.draft.replicas`` draft pods ``<name>-draft-0..D-1``, named in DNS by :func:`headless_service`."""
+def deployment(owner: Owner, spec: ClusterSpec, images: podspec.Images) -> dict[str, Any]:
+    """``spec.draft.replicas`` draft pods, listed (when ready) by :func:`headless_service`."""
     draft = spec.draft
     container = podspec.container(
         name=c.COMPONENT_DRAFT,
@@ -55,17 +56,14 @@ def statefulset(owner: Owner, spec: ClusterSpec, images: podspec.Images) -> dict
     )
     return {
         "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": naming.metadata(owner, naming.draft_statefulset_name(owner), c.COMPONENT_DRAFT),
+        "kind": "Deployment",
+        "metadata": naming.metadata(owner, naming.draft_name(owner), c.COMPONENT_DRAFT),
         "spec": {
             "replicas": draft.replicas,
-            "serviceName": naming.draft_headless_name(owner),
-            # Drafts are independent of each other: start and stop them all at once.
-            "podManagementPolicy": "Parallel",
-            # A change replaces one draft pod at a time, the old pod first (it usually holds a whole GPU, so a
-            # surge pod would wait for a second one); its targets move to the other drafts meanwhile, or fall
-            # back to decoding on their own when it is the only one.
-            "updateStrategy": {"type": "RollingUpdate"},
+            # A change starts one new draft and retires an old one only once the new one is ready: the star
+            # never has fewer ready drafts than asked for (the surge pod needs room of its own: a spare GPU,
+            # when the draft asks for one). The retired draft's targets move to their next choice.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "revisionHistoryLimit": 5,
             "selector": {"matchLabels": naming.selector_labels(owner, c.COMPONENT_DRAFT)},
             "template": podspec.settle_serving(
@@ -88,9 +86,9 @@ def statefulset(owner: Owner, spec: ClusterSpec, images: podspec.Images) -> dict
     }
 
 
-def legacy_deployment(owner: Owner) -> str:
-    """The name of the draft Deployment an operator before several drafts made (see :mod:`.controller`)."""
-    return naming.draft_name(owner)
+def legacy_statefulset(owner: Owner) -> str:
+    """The name of the draft StatefulSet an operator of the StatefulSet days made (see :mod:`.controller`)."""
+    return naming.draft_statefulset_name(owner)
 
 
 def service(owner: Owner) -> dict[str, Any]:
@@ -104,9 +102,9 @@ def service(owner: Owner) -> dict[str, Any]:
 
 
 def headless_service(owner: Owner) -> dict[str, Any]:
-    """The StatefulSet's governing Service: ``<name>-draft-<i>.<this>.<namespace>.svc`` per ready draft pod
-    (a draft that is not ready has no address, so its targets try the next one). Prometheus scrapes the drafts
-    through it (``LABEL_SCRAPE``), not through :func:`service`, so each draft pod once."""
+    """What targets find their drafts by: its DNS name resolves to every ready draft pod's address (a draft that
+    is not ready, or is leaving, has none, so its targets move to their next choice). Prometheus scrapes the
+    drafts through it (``LABEL_SCRAPE``), not through :func:`service`, so each draft pod once."""
     return {
         "apiVersion": "v1",
         "kind": "Service",

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from . import constants as c
 from . import naming
 from .loadclient import DraftReadings
 from .naming import Owner
@@ -30,9 +31,20 @@ def bounds(spec: ClusterSpec) -> tuple[int, int]:
 
 
 def ready(children: Children, owner: Owner) -> int:
-    """Ready draft pods: the draft StatefulSet's ``readyReplicas``."""
-    workload = children.named("StatefulSet", naming.draft_statefulset_name(owner))
+    """Ready draft pods: the draft Deployment's ``readyReplicas``."""
+    workload = children.named("Deployment", naming.draft_name(owner))
     return int(((workload or {}).get("status") or {}).get("readyReplicas") or 0)
+
+
+def ready_pod_ips(children: Children) -> list[str]:
+    """The addresses of the ready draft pods, by pod name (where the operator reads each draft's load)."""
+    rows = []
+    for pod in children.pods_of(c.COMPONENT_DRAFT):
+        st = pod.get("status") or {}
+        ready = any(x.get("type") == "Ready" and x.get("status") == "True" for x in st.get("conditions") or [])
+        if ready and st.get("podIP") and not (pod.get("metadata") or {}).get("deletionTimestamp"):
+            rows.append((str((pod.get("metadata") or {}).get("name")), str(st["podIP"])))
+    return [ip for _, ip in sorted(rows)]
 
 
 def last_change(previous_status: Mapping[str, Any]) -> list[Change]:

@@ -44,15 +44,19 @@ def load_url(owner: Owner, annotations: Mapping[str, Any] | None) -> str:
     return str(url).strip() if isinstance(url, str) and url.strip() else naming.default_load_url(owner)
 
 
-def load_urls(owner: Owner, annotations: Mapping[str, Any] | None, replicas: int) -> list[str]:
-    """Every draft's ``/v1/load``, draft 0 first: the ``starsd.io/load-url`` annotation when set in
-    ``annotations`` (a comma-separated list, one URL per draft), else the draft Service's address for one
-    draft and each draft pod's own address for several (:func:`naming.draft_load_urls`); the caller passes
-    ``None`` unless the operator allows the annotation."""
+def load_urls(
+    owner: Owner, annotations: Mapping[str, Any] | None, replicas: int, pod_ips: Sequence[str] = ()
+) -> list[str]:
+    """Every draft's ``/v1/load``: the ``starsd.io/load-url`` annotation when set in ``annotations`` (a
+    comma-separated list, one URL per draft), else the draft Service's address for one draft and each ready
+    draft pod's own address (``pod_ips``, from the watched pods: :func:`naming.draft_pod_load_url`) for
+    several; the caller passes ``None`` unless the operator allows the annotation."""
     url = (annotations or {}).get(c.ANNOTATION_LOAD_URL)
     if isinstance(url, str) and url.strip():
         return [u.strip() for u in url.split(",") if u.strip()]
-    return [naming.default_load_url(owner)] if replicas <= 1 else naming.draft_load_urls(owner, replicas)
+    if replicas <= 1 or not pod_ips:
+        return [naming.default_load_url(owner)]
+    return [naming.draft_pod_load_url(ip) for ip in pod_ips]
 
 
 @dataclass(frozen=True)

@@ -37,13 +37,13 @@ def child_name(*parts: str, limit: int = NAME_LIMIT) -> str:
 
 
 def draft_name(owner: Owner) -> str:
-    """The draft's Service, NetworkPolicy and PodDisruptionBudget (and the Deployment of operators before
-    several drafts, which the reconcile replaces)."""
+    """The drafts' Deployment, Service, NetworkPolicy and PodDisruptionBudget."""
     return child_name(owner.name, c.COMPONENT_DRAFT)
 
 
 def draft_statefulset_name(owner: Owner) -> str:
-    """The draft's StatefulSet: :func:`draft_name` unless that is too long for a StatefulSet's pods' labels."""
+    """The draft StatefulSet of operators before the drafts were a Deployment again (the reconcile replaces it):
+    :func:`draft_name` unless that was too long for a StatefulSet's pods' labels."""
     return child_name(owner.name, c.COMPONENT_DRAFT, limit=STATEFULSET_NAME_LIMIT)
 
 
@@ -72,23 +72,20 @@ def default_load_url(owner: Owner) -> str:
 
 
 def draft_headless_name(owner: Owner) -> str:
-    """The headless Service that gives each draft pod (``<draft_statefulset_name>-<i>``) a DNS name of its own."""
+    """The headless Service whose DNS name resolves to every ready draft pod's address."""
     return child_name(owner.name, c.COMPONENT_DRAFT, "pods")
 
 
-def draft_pod_host(owner: Owner, ordinal: int) -> str:
-    """The DNS name of draft pod ``ordinal``: ``<draft>-<i>.<headless>.<namespace>.svc``."""
-    return f"{draft_statefulset_name(owner)}-{ordinal}.{draft_headless_name(owner)}.{owner.namespace}.svc"
+def drafts_source(owner: Owner) -> str:
+    """What every target is given to find the drafts live (``--drafts-from``): the headless Service and the
+    drafts' gRPC port. It names no draft and no count, so a new draft count changes no target's template."""
+    return f"dns:{draft_headless_name(owner)}.{owner.namespace}.svc:{c.DRAFT_GRPC_PORT}"
 
 
-def draft_endpoints(owner: Owner, replicas: int) -> list[str]:
-    """``host:port`` of every draft pod's gRPC server, draft 0 first: the ``--draft`` list targets are given."""
-    return [f"{draft_pod_host(owner, i)}:{c.DRAFT_GRPC_PORT}" for i in range(replicas)]
-
-
-def draft_load_urls(owner: Owner, replicas: int) -> list[str]:
-    """``GET /v1/load`` of every draft pod, draft 0 first."""
-    return [f"http://{draft_pod_host(owner, i)}:{c.DRAFT_METRICS_PORT}{c.LOAD_PATH}" for i in range(replicas)]
+def draft_pod_load_url(pod_ip: str) -> str:
+    """``GET /v1/load`` of one draft pod, by its address (draft pods have no names of their own in DNS)."""
+    host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
+    return f"http://{host}:{c.DRAFT_METRICS_PORT}{c.LOAD_PATH}"
 
 
 def selector_labels(owner: Owner, component: str, pool: str | None = None) -> dict[str, str]:

@@ -45,14 +45,15 @@ PERMISSIONS: tuple[Permission, ...] = (
     _p(
         "apps",
         "deployments",
-        "list watch delete",
-        "handlers.WATCHED (controller.observe); controller._replace_legacy_draft (an older operator's draft)",
+        "list watch create patch",
+        "kube.apply (the drafts); handlers.WATCHED (controller.observe)",
     ),
     _p(
         "apps",
         "statefulsets",
         "list watch create patch delete",
-        "kube.apply; handlers.WATCHED (controller.observe); controller._delete_stale (a pool left the spec)",
+        "kube.apply; handlers.WATCHED (controller.observe); controller._delete_stale (a pool left the spec); "
+        "controller._replace_legacy_draft (an older operator's draft StatefulSet)",
     ),
     _p("", "services", "list watch create patch delete", "kube.apply; handlers.WATCHED; controller._delete_stale"),
     _p(

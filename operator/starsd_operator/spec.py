@@ -59,7 +59,7 @@ class DraftSpec:
     pod_template: PodTemplate | None = None  # merged into the operator's pod (see .podtemplate)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)  # probes and grace period (see .lifecycle)
     disruption: Disruption = field(default_factory=Disruption)  # its PodDisruptionBudget (see .disruption)
-    replicas: int = defaults.DRAFT_REPLICAS  # draft pods; every target lists them all (see starsd.assignment)
+    replicas: int = defaults.DRAFT_REPLICAS  # draft pods; targets find them live (see starsd.rendezvous)
     size_limits: SizeLimits = field(default_factory=SizeLimits)
 
 

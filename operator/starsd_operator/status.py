@@ -140,8 +140,8 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
 
 
 def _drafts(owner: Owner, spec: ClusterSpec, children: Children) -> dict[str, Any]:
-    """``status.drafts``: the draft StatefulSet's pods, existing and ready, against ``spec.draft.replicas``."""
-    sts_status = (children.named("StatefulSet", naming.draft_statefulset_name(owner)) or {}).get("status") or {}
+    """``status.drafts``: the draft Deployment's pods, existing and ready, against ``spec.draft.replicas``."""
+    sts_status = (children.named("Deployment", naming.draft_name(owner)) or {}).get("status") or {}
     ready = int(sts_status.get("readyReplicas") or 0)
     desired = spec.draft.replicas
     return {
@@ -155,13 +155,13 @@ def _drafts(owner: Owner, spec: ClusterSpec, children: Children) -> dict[str, An
 def _draft(obs: Observation) -> tuple[Condition, dict[str, Any]]:
     """``DraftReady``: every one of the ``spec.draft.replicas`` draft pods ready and up to date."""
     owner = obs.owner
-    name = naming.draft_statefulset_name(owner)
-    drafts = obs.children.named("StatefulSet", name)
+    name = naming.draft_name(owner)
+    drafts = obs.children.named("Deployment", name)
     want = obs.spec.draft.replicas if obs.spec is not None else 1
     progress = diagnose.rollout(drafts, desired=want)
     problem = diagnose.first_problem(obs.children.pods_of(c.COMPONENT_DRAFT))
     if not progress.exists:
-        cond = Condition(c.COND_DRAFT_READY, False, "NotCreated", f"statefulset {name} does not exist yet")
+        cond = Condition(c.COND_DRAFT_READY, False, "NotCreated", f"deployment {name} does not exist yet")
     elif progress.complete:
         ready = f"draft {name} is ready" if want == 1 else f"{want} drafts of {name} are ready"
         cond = Condition(c.COND_DRAFT_READY, True, "Available", ready)

@@ -38,10 +38,11 @@ def statefulset(
             "target",
             "--model",
             model.serve_path,
-            # Every draft pod, draft 0 first; the target connects to its own first (starsd.assignment). A new
-            # draft count is a new template: the targets roll, pool by pool (see .rollout).
-            "--draft",
-            ",".join(naming.draft_endpoints(owner, spec.draft.replicas)),
+            # The drafts' headless Service: the target finds the ready drafts itself and picks its own by
+            # rendezvous hashing of its id. Nothing here depends on the draft count, so changing it rolls no
+            # target (docs/architecture.md, "Several drafts").
+            "--drafts-from",
+            naming.drafts_source(owner),
             "--port",
             str(c.TARGET_HTTP_PORT),
             "--gamma",

@@ -21,6 +21,7 @@ from starsd.commands._common import (
     gamma_error,
     placement_error,
 )
+from starsd.verifier.discovery import RESOLVE_SECONDS, DraftSourceError, parse_drafts_from
 from starsd.verifier.draft_pool import PROBE_SECONDS, DraftListError, parse_draft_addresses
 
 log = logging.getLogger("starsd.target")  # the `starsd target` command's own log
@@ -36,6 +37,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "list on every target): this target uses the draft its --id's ordinal picks, moves to the next that "
         "answers when it is gone and back when it returns with room; an empty entry, an entry without a port "
         "or one listed twice is an error; empty: decode alone (target-only)",
+    )
+    parser.add_argument(
+        "--drafts-from",
+        default="",
+        metavar="dns:HOST:PORT",
+        help="find the drafts live instead of --draft: every address HOST resolves to (in Kubernetes the drafts' "
+        "headless Service, NAME-draft-pods.NAMESPACE.svc) is a draft on PORT; looked up again every "
+        "--drafts-resolve-interval seconds, and this target picks its draft by rendezvous hashing of its --id "
+        "(the next-highest are its failover order), so a change of drafts moves only the targets it must; a "
+        "failed lookup keeps the drafts last found",
+    )
+    parser.add_argument(
+        "--drafts-resolve-interval",
+        type=float,
+        default=RESOLVE_SECONDS,
+        help=f"with --drafts-from: seconds between lookups (default {RESOLVE_SECONDS:g})",
     )
     parser.add_argument(
         "--port",
@@ -153,8 +170,13 @@ def run(args: argparse.Namespace) -> int:
         return fail(problem)
     try:
         args.drafts = ordered_drafts(args.id, parse_draft_addresses(args.draft))
-    except DraftListError as exc:
+        args.source = parse_drafts_from(args.drafts_from) if args.drafts_from.strip() else None
+    except (DraftListError, DraftSourceError) as exc:
         return fail(str(exc))
+    if args.source is not None and args.drafts:
+        return fail("give the drafts either as a --draft list or with --drafts-from, not both")
+    if args.drafts_resolve_interval <= 0:
+        return fail(f"--drafts-resolve-interval must be > 0, got {args.drafts_resolve_interval}")
     if args.draft_probe_interval <= 0:
         return fail(f"--draft-probe-interval must be > 0, got {args.draft_probe_interval}")
     if args.draft_tls_ca is not None and not args.draft_tls_ca.is_file():
@@ -187,6 +209,7 @@ async def _serve(args: argparse.Namespace, loaded: object) -> int:
 
     from starsd.checkpoints import LoadedModel
     from starsd.verifier.auth import KeyRing
+    from starsd.verifier.discovery import DraftDiscovery
     from starsd.verifier.draft_client import (
         DraftClient,
         DraftClientOptions,
@@ -199,14 +222,19 @@ async def _serve(args: argparse.Namespace, loaded: object) -> int:
 
     assert isinstance(loaded, LoadedModel)
     client = None
-    if args.drafts:
+    discovery = None
+    if args.source is not None:
+        discovery = DraftDiscovery(args.source, args.id, interval=args.drafts_resolve_interval)
+        await discovery.refresh()  # none found yet: decode alone until the next lookup finds one
+        args.drafts = list(discovery.order)
+    if args.drafts or discovery is not None:
         options = DraftClientOptions(
             deadline=args.draft_timeout,
             top_k=args.top_k,
             tls_ca=args.draft_tls_ca,
             probe_interval=args.draft_probe_interval,
         )
-        client = DraftClient(args.drafts, args.id, loaded.fingerprint, loaded.vocab_size, options)
+        client = DraftClient(args.drafts, args.id, loaded.fingerprint, loaded.vocab_size, options, discovery=discovery)
         # Every draft that answers must share the vocabulary; the target refuses to start only when none that
         # answered does (with one draft: when it answers with another vocabulary, as always).
         mismatches: list[str] = []
@@ -262,7 +290,7 @@ async def _serve(args: argparse.Namespace, loaded: object) -> int:
         loaded.placement.describe(),
         args.host,
         args.port,
-        ",".join(args.drafts) or "none",
+        args.drafts_from or ",".join(args.drafts) or "none",
         args.gamma,
         args.max_num_seqs,
         engine.budget.kv_tokens,

@@ -25,6 +25,7 @@ from starsd.adaptive import AcceptanceEstimate, choose_gamma, ewma
 from starsd.proto import starsd_pb2 as pb
 from starsd.proto import starsd_pb2_grpc as pb_grpc
 from starsd.sampling import SamplingParams
+from starsd.verifier.discovery import DraftDiscovery
 from starsd.verifier.draft_pool import PROBE_SECONDS, DraftPolicy, Reason, has_room
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,13 @@ def check_draft_info(info: pb.InfoResponse, fingerprint: str, vocab_size: int) -
         )
 
 
+_MOVE_WHY = {
+    Reason.DRAFT_LOST: "the draft was lost",
+    Reason.FIRST_CHOICE_BACK: "the first choice is back and has room",
+    Reason.DRAFTS_CHANGED: "the drafts found changed",
+}
+
+
 class NoRoom(RuntimeError):
     """The first-choice draft answered a probe but reports no room for another target."""
 
@@ -92,9 +100,12 @@ class DraftClient:
     """The target's link to its drafts: one stream to one draft at a time, chosen by a :class:`DraftPolicy`.
 
     ``address`` is one ``HOST:PORT`` or this target's ordered list of them (first choice first, see
-    :func:`starsd.assignment.ordered_drafts`). When the draft in use is gone the client moves to the next that
-    answers; while away from its first choice it probes it and moves back when it has room (docs/architecture.md,
-    "Several drafts"). Every move opens a new stream and bumps :attr:`generation`, so sessions start afresh there.
+    :func:`starsd.assignment.ordered_drafts`). With ``discovery`` the drafts are found live instead
+    (:mod:`starsd.verifier.discovery`: ``address`` is then ignored and the order is the discovery's, kept up to
+    date while the client runs). When the draft in use is gone the client moves to the next that answers; while
+    away from its first choice it probes it and moves back when it has room; when the drafts found change, it
+    moves to a new first choice or off a draft no longer listed (docs/architecture.md, "Several drafts"). Every
+    move opens a new stream and bumps :attr:`generation`, so sessions start afresh there.
     """
 
     def __init__(
@@ -104,10 +115,18 @@ class DraftClient:
         fingerprint: str,
         vocab_size: int,
         options: DraftClientOptions,
+        *,
+        discovery: DraftDiscovery | None = None,
     ) -> None:
-        order = (address,) if isinstance(address, str) else tuple(address)
-        self.policy = DraftPolicy(order, options.probe_interval)
-        self.address = order[0]  # the draft in use, or the one last used or tried
+        self.discovery = discovery
+        if discovery is not None:
+            order = discovery.order
+            self.policy = DraftPolicy(order, options.probe_interval, live=True)
+        else:
+            order = (address,) if isinstance(address, str) else tuple(address)
+            self.policy = DraftPolicy(order, options.probe_interval)
+        # the draft in use, or the one last used or tried (the discovery's name before any is found)
+        self.address = order[0] if order else str(discovery.source if discovery else "")
         self.target_id = target_id
         self.fingerprint = fingerprint
         self.vocab_size = vocab_size
@@ -121,6 +140,8 @@ class DraftClient:
         self._stream: _Stream | None = None
         self._retiring: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
+        self._discovering: asyncio.Task[None] | None = None
+        self._drafts_changed = asyncio.Event()
         self._session_ids = itertools.count(int.from_bytes(os.urandom(4), "big") << 20 | 1)
         self.demand: Callable[[], Demand] = Demand  # the engine sets its own reader
         self.on_switch: Callable[[Reason], None] = lambda reason: None  # the engine counts moves in its metrics
@@ -132,8 +153,19 @@ class DraftClient:
 
     @property
     def rank(self) -> int | None:
-        """The position of the draft in use in :attr:`addresses` (0: the first choice); None when none is."""
-        return self._stream.rank if self._stream is not None and self.connected else None
+        """The position of the draft in use in :attr:`addresses` (0: the first choice); None when none is (or
+        when the draft in use is no longer listed, until the client moves off it)."""
+        return self.policy.rank if self._stream is not None and self.connected else None
+
+    @property
+    def drafts_from(self) -> str:
+        """Where the drafts are found (``dns:HOST:PORT``); "" for a static list."""
+        return str(self.discovery.source) if self.discovery is not None else ""
+
+    @property
+    def discovery_error(self) -> str:
+        """Why the last lookup of the drafts failed ("" when it succeeded, or for a static list)."""
+        return self.discovery.error if self.discovery is not None else ""
 
     def _channel(self) -> grpc.aio.Channel:
         """A channel to :attr:`address` (a subclass may open its own kind)."""
@@ -157,9 +189,13 @@ class DraftClient:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="draft-client")
+        if self.discovery is not None:
+            self._discovering = asyncio.create_task(
+                self.discovery.run(lambda order: self._drafts_changed.set()), name="draft-discovery"
+            )
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, *self._retiring) if t is not None]
+        tasks = [t for t in (self._task, self._discovering, *self._retiring) if t is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -170,6 +206,21 @@ class DraftClient:
         return next(self._session_ids)
 
     # --- the connection loop -------------------------------------------------------------------------
+
+    def _take_drafts(self) -> None:
+        """Follow the drafts found since the last look (a no-op for a static list)."""
+        if self.discovery is None or not self._drafts_changed.is_set():
+            return
+        self._drafts_changed.clear()
+        self.policy.reorder(self.discovery.order, time.monotonic())
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less when the drafts found change."""
+        if self.discovery is None:
+            await asyncio.sleep(seconds)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._drafts_changed.wait(), seconds)
 
     async def _open(self, rank: int, need_room: bool = False) -> _Stream:
         """A new stream to draft ``rank``, after its vocabulary check (and, when moving back, its room check).
@@ -205,7 +256,11 @@ class DraftClient:
                 log.error("skipping the draft at %s: %s", self.policy.order[rank], exc)
             except grpc.aio.AioRpcError as exc:
                 self.last_error = f"{self.policy.order[rank]}: {exc.code().name}: {exc.details()}"
-        self.incompatible = mismatched == tried
+        if not tried:
+            self.last_error = f"no draft found at {self.drafts_from}" + (
+                f": {self.discovery_error}" if self.discovery_error else ""
+            )
+        self.incompatible = tried > 0 and mismatched == tried
         return None
 
     def _use(self, stream: _Stream) -> None:
@@ -225,18 +280,20 @@ class DraftClient:
             "moved from the draft at %s to the draft at %s: %s",
             previous,
             self.policy.describe(stream.rank),
-            "the first choice is back and has room" if reason is Reason.FIRST_CHOICE_BACK else "the draft was lost",
+            _MOVE_WHY[reason],
         )
         self.on_switch(reason)
 
     async def _run(self) -> None:
         backoff = self.options.backoff_initial
         while True:
+            self._take_drafts()
             stream = await self._connect()
             if stream is None:
                 if self.incompatible and len(self.policy.order) > 1:  # each draft's reason is logged already
                     log.error("none of the %d drafts shares this target's vocabulary", len(self.policy.order))
-                await asyncio.sleep(self.options.backoff_max if self.incompatible else backoff)
+                quiet = self.incompatible or not self.policy.order  # retrying soon cannot help
+                await self._pause(self.options.backoff_max if quiet else backoff)
                 backoff = min(self.options.backoff_max, backoff * 2)
                 continue
             backoff = self.options.backoff_initial
@@ -253,16 +310,26 @@ class DraftClient:
         probe: asyncio.Task[_Stream | None] | None = None
         try:
             while True:
+                self._take_drafts()
                 delay = self.policy.probe_delay(time.monotonic())
-                done, _ = await asyncio.wait({reader}, timeout=delay)
+                changed = asyncio.create_task(self._drafts_changed.wait()) if self.discovery is not None else None
+                try:
+                    waiting = {reader} if changed is None else {reader, changed}
+                    done, _ = await asyncio.wait(waiting, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    if changed is not None and not changed.done():
+                        changed.cancel()
                 if reader in done:
                     self.last_error = reader.result()
                     self.connected = False
                     self.policy.lost()
                     return
+                if changed is not None and changed in done:
+                    continue  # follow the new drafts first (the next pass reorders, then probes if need be)
                 # The probe runs beside the reader: a probe that hangs (a first choice cut off by the network)
                 # must not hold back the failover of a stream that breaks meanwhile.
-                probe = asyncio.create_task(self._probe(), name="draft-probe")
+                move = self._escape() if self.policy.displaced is not None else self._probe()
+                probe = asyncio.create_task(move, name="draft-probe")
                 await asyncio.wait({reader, probe}, return_when=asyncio.FIRST_COMPLETED)
                 if not probe.done():
                     probe.cancel()
@@ -287,6 +354,20 @@ class DraftClient:
                 self._stream.fail_pending()
                 await self._stream.channel.close(grace=None)
             self.connected = False
+
+    async def _escape(self) -> _Stream | None:
+        """The draft in use left the drafts found: a new stream to the best listed draft that answers (the old
+        stream keeps serving meanwhile, and until one does)."""
+        for rank in self.policy.attempts():
+            try:
+                stream = await self._open(rank)
+            except (grpc.aio.AioRpcError, VocabularyMismatch) as exc:
+                log.info("cannot move to the draft at %s: %s", self.policy.order[rank], exc)
+                continue
+            self.policy.escaped(time.monotonic(), found=True)
+            return stream
+        self.policy.escaped(time.monotonic(), found=False)
+        return None
 
     async def _probe(self) -> _Stream | None:
         """Ask the first choice whether it is back with room; a new stream to it if so."""

@@ -9,6 +9,10 @@ target's own order, whose head is its first choice (docs/architecture.md, "Sever
   the first that answers is used. With the client's backoff before the retry, the move takes one backoff.
 * **Move back**: while on a draft that is not the first choice, probe the first choice every ``probe_seconds``;
   move back when it answers and :func:`has_room`.
+* **Follow the drafts found live** (``--drafts-from``, :mod:`starsd.verifier.discovery`): :meth:`DraftPolicy.reorder`
+  takes the new order. A new first choice is probed at once (and moved to as above); when the draft in use is
+  no longer listed, the best listed draft that answers is moved to at once, while the old stream keeps serving
+  until then. The order may be empty (no draft found yet): then there is nothing to try.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ class Reason(enum.StrEnum):
 
     DRAFT_LOST = "draft_lost"  # the draft in use broke its stream and did not answer a reconnect
     FIRST_CHOICE_BACK = "first_choice_back"  # the first choice answered a probe with room
+    DRAFTS_CHANGED = "drafts_changed"  # the drafts found live changed: a new first choice, or this one left
 
 
 @dataclass
@@ -91,10 +96,13 @@ class DraftPolicy:
     rank: int | None = None  # the draft in use; None while none is
     last: int | None = None  # the draft used last (in use, or lost)
     next_probe: float = 0.0
+    displaced: str | None = None  # the draft in use (still connected) when it is no longer listed: move off it
+    live: bool = False  # the order is found live (may start, and become, empty; see :meth:`reorder`)
     _probing: bool = field(default=False, repr=False)
+    _reordered: bool = field(default=False, repr=False)  # the next move comes from a new order
 
     def __post_init__(self) -> None:
-        if not self.order:
+        if not self.order and not self.live:
             raise ValueError("a draft policy needs at least one draft")
         if len(set(self.order)) != len(self.order):
             raise ValueError(f"a draft is listed twice in {list(self.order)}")
@@ -112,21 +120,50 @@ class DraftPolicy:
         the first draft this target used or the one it used last (a reconnect)."""
         if not 0 <= rank < len(self.order):
             raise ValueError(f"rank {rank} is not one of 0..{len(self.order) - 1}")
-        previous, probing = self.last, self._probing
+        previous, probing, displaced, reordered = self.last, self._probing, self.displaced, self._reordered
         self.rank = self.last = rank
-        self._probing = False
+        self._probing = self._reordered = False
+        self.displaced = None
         self.next_probe = now + self.probe_seconds
+        if displaced is not None:
+            return Reason.DRAFTS_CHANGED
         if previous is None or previous == rank:
             return None
-        return Reason.FIRST_CHOICE_BACK if probing and rank == 0 else Reason.DRAFT_LOST
+        if probing and rank == 0:
+            return Reason.DRAFTS_CHANGED if reordered else Reason.FIRST_CHOICE_BACK
+        return Reason.DRAFT_LOST
+
+    def reorder(self, order: tuple[str, ...], now: float) -> None:
+        """The drafts are now ``order`` (found live; may be empty). The draft in use keeps its place if listed;
+        a new first choice is probed at once; a draft in use that left the list makes :attr:`displaced` true."""
+        if len(set(order)) != len(order):
+            raise ValueError(f"a draft is listed twice in {list(order)}")
+        in_use = self.displaced if self.rank is None else self.order[self.rank]
+        last = None if self.last is None else self.order[self.last]
+        first = self.order[0] if self.order else None
+        self.order = tuple(order)
+        self.rank = self.order.index(in_use) if in_use in self.order else None
+        self.last = self.order.index(last) if last in self.order else None
+        if in_use is not None and self.rank is None:
+            if self.displaced is None:
+                self.next_probe = now  # move off it now
+            self.displaced = in_use
+        else:
+            self.displaced = None
+        if self.order and self.order[0] != first:
+            self._reordered = True
+            self.next_probe = now  # a new first choice: ask it now, not one interval later
 
     def lost(self) -> None:
         """The draft in use is gone (its stream ended)."""
         self.rank = None
+        self.displaced = None
 
     def probe_delay(self, now: float) -> float | None:
         """Seconds until the first choice should be probed; None when there is nothing to probe (on the first
         choice, or on no draft: then :meth:`attempts` starts with the first choice anyway)."""
+        if self.displaced is not None:
+            return max(0.0, self.next_probe - now)
         if self.rank is None or self.rank == 0:
             return None
         return max(0.0, self.next_probe - now)
@@ -138,8 +175,14 @@ class DraftPolicy:
         self._probing = answered and room and self.rank not in (None, 0)
         return self._probing
 
+    def escaped(self, now: float, found: bool) -> None:
+        """A move off a displaced draft was tried at ``now``: ``found`` False keeps it in use and tries again
+        ``probe_seconds`` later (the next move, when one is found, is :meth:`connected`)."""
+        if not found:
+            self.next_probe = now + self.probe_seconds
+
     def describe(self, rank: int | None) -> str:
         """``ADDRESS (rank R of D)`` for logs."""
         if rank is None:
-            return "no draft"
+            return f"{self.displaced} (no longer listed)" if self.displaced else "no draft"
         return f"{self.order[rank]} (rank {rank} of {len(self.order)})"

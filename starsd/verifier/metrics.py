@@ -102,12 +102,22 @@ class TargetMetrics:
         self.draft_connected = Gauge("starsd_target_draft_connected", "1 while the draft stream is up", registry=r)
         self.draft_switches = Counter(
             "starsd_target_draft_switches",
-            "Moves from one draft to another (reason: draft_lost, first_choice_back)",
+            "Moves from one draft to another (reason: draft_lost, first_choice_back, drafts_changed)",
             ["reason"],
             registry=r,
         )
         for reason in Reason:  # every series exists from the start, at 0
             self.draft_switches.labels(reason=str(reason))
+        self.drafts_found = Gauge(
+            "starsd_target_drafts_found",
+            "Drafts this target knows (found live with --drafts-from, or its --draft list)",
+            registry=r,
+        )
+        self.drafts_lookup_failing = Gauge(
+            "starsd_target_drafts_lookup_failing",
+            "1 while the last lookup of --drafts-from failed (the drafts last found are kept)",
+            registry=r,
+        )
         self.draft_rank = Gauge(
             "starsd_target_draft_rank",
             "Position of the draft in use in this target's order (0: its first choice; -1: none)",

@@ -130,6 +130,9 @@ class TargetApp:
             "draft_address": draft.address if draft and connected else "",
             "draft_rank": draft.rank if draft else None,
             "drafts": list(draft.addresses) if draft else [],
+            # With --drafts-from: where the drafts are found, and why the last lookup failed ("" if it did not).
+            "drafts_from": draft.drafts_from if draft else "",
+            "drafts_error": draft.discovery_error if draft else "",
         }
 
     async def readyz(self, _: web.Request) -> web.Response:
@@ -140,6 +143,8 @@ class TargetApp:
         self.engine.metrics.draft_connected.set(1 if draft and draft.connected else 0)
         rank = draft.rank if draft else None
         self.engine.metrics.draft_rank.set(-1 if rank is None else rank)
+        self.engine.metrics.drafts_found.set(len(draft.addresses) if draft else 0)
+        self.engine.metrics.drafts_lookup_failing.set(1 if draft and draft.discovery_error else 0)
         self.engine.metrics.scheduler_state(self.engine.budget.running, self.engine.budget.waiting)
         body = generate_latest(self.engine.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -39,7 +39,7 @@ def test_knobs_set_in_values_reach_the_pods(render: Callable[..., Rendered]) -> 
     )
     cluster = render(sets=sets).one("StarSDCluster")
     parsed = spec.parse(cluster["spec"])
-    draft_sts = draft.statefulset(f.OWNER, parsed, _images())
+    draft_sts = draft.deployment(f.OWNER, parsed, _images())
     draft_command = draft_sts["spec"]["template"]["spec"]["containers"][0]["command"]
     target_sts = targets.statefulset(f.OWNER, parsed, parsed.pools[0], 1, _images())
     target_command = target_sts["spec"]["template"]["spec"]["containers"][0]["command"]

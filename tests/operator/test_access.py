@@ -141,7 +141,7 @@ def test_the_key_reaches_every_target_as_env_from_the_secret_never_in_args() -> 
         assert sts["spec"]["template"]["metadata"]["annotations"][apikey.ANNOTATION_DIGEST] == state.digest
     rendered = json.dumps(objs)
     assert KEY not in rendered and base64.b64encode(KEY.encode()).decode() not in rendered
-    draft = next(o for o in objs if o["kind"] == "StatefulSet" and o["metadata"]["name"] == "chat-draft")
+    draft = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "chat-draft")
     assert "STARSD_API_KEY" not in json.dumps(draft)  # the draft is called by the targets only
 
 

@@ -87,7 +87,7 @@ def test_the_children_of_a_two_pool_cluster() -> None:
         ("Service", "chat-draft"),
         ("Service", "chat-draft-pods"),
         ("NetworkPolicy", "chat-draft"),
-        ("StatefulSet", "chat-draft"),
+        ("Deployment", "chat-draft"),
         ("Service", "chat"),
         ("NetworkPolicy", "chat-target"),
         ("PodDisruptionBudget", "chat-draft"),
@@ -119,13 +119,12 @@ def test_target_pods_carry_their_pool_and_the_status_selector_matches_them() -> 
     assert naming.status_selector(f.OWNER) == "app.kubernetes.io/instance=chat,app.kubernetes.io/component=target"
 
 
-def test_the_draft_statefulset() -> None:
-    dep = draft.statefulset(f.OWNER, placed_spec(), IMAGES)
-    assert dep["metadata"]["name"] == "chat-draft"
+def test_the_draft_deployment_surges_a_new_draft_in_before_the_old_one_leaves() -> None:
+    dep = draft.deployment(f.OWNER, placed_spec(), IMAGES)
+    assert dep["kind"] == "Deployment" and dep["metadata"]["name"] == "chat-draft"
     assert dep["spec"]["replicas"] == 1
-    assert dep["spec"]["serviceName"] == "chat-draft-pods" == naming.draft_headless_name(f.OWNER)
-    assert dep["spec"]["podManagementPolicy"] == "Parallel"
-    assert dep["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert "serviceName" not in dep["spec"] and "updateStrategy" not in dep["spec"]
     container = only_container(dep)
     assert container["image"] == "reg/draft:1"
     assert container["command"] == [
@@ -167,8 +166,8 @@ def test_the_target_statefulset_of_a_pool() -> None:
         "target",
         "--model",
         "/models/target",
-        "--draft",
-        "chat-draft-0.chat-draft-pods.ml.svc:50051",
+        "--drafts-from",
+        "dns:chat-draft-pods.ml.svc:50051",
         "--port",
         "8000",
         "--gamma",
@@ -208,7 +207,7 @@ def test_spec_images_override_the_defaults() -> None:
         draft={"model": {"path": "/d"}, "image": "mine/draft:2"},
         target={"model": {"path": "/t"}, "image": "mine/target:2"},
     )
-    assert only_container(draft.statefulset(f.OWNER, spec, IMAGES))["image"] == "mine/draft:2"
+    assert only_container(draft.deployment(f.OWNER, spec, IMAGES))["image"] == "mine/draft:2"
     assert only_container(targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES))["image"] == "mine/target:2"
 
 
@@ -221,7 +220,7 @@ def test_default_images_come_from_the_environment() -> None:
 def test_probes(component: str) -> None:
     spec = placed_spec()
     obj = (
-        draft.statefulset(f.OWNER, spec, IMAGES)
+        draft.deployment(f.OWNER, spec, IMAGES)
         if component == "draft"
         else targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES)
     )
@@ -236,9 +235,8 @@ def test_probes(component: str) -> None:
 @pytest.mark.parametrize("component", ["draft", "target"])
 def test_pods_run_unprivileged_with_a_read_only_root(component: str) -> None:
     objs = children.desired(f.OWNER, placed_spec(), IMAGES)
-    [obj] = [o for o in objs if o["kind"] == "StatefulSet" and o["metadata"]["labels"][c.LABEL_COMPONENT] == component][
-        :1
-    ]
+    workloads = [o for o in objs if o["kind"] in ("Deployment", "StatefulSet")]
+    [obj] = [o for o in workloads if o["metadata"]["labels"][c.LABEL_COMPONENT] == component][:1]
     pod = pod_spec(obj)
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == c.RUN_AS_USER
@@ -253,7 +251,7 @@ def test_pods_run_unprivileged_with_a_read_only_root(component: str) -> None:
 
 
 def test_termination_messages_reach_the_status() -> None:
-    container = only_container(draft.statefulset(f.OWNER, placed_spec(), IMAGES))
+    container = only_container(draft.deployment(f.OWNER, placed_spec(), IMAGES))
     assert container["terminationMessagePath"] == "/dev/termination-log"
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
@@ -274,13 +272,13 @@ def test_a_model_on_a_claim_is_mounted_read_only_where_the_process_loads_it() ->
 
 def test_a_writable_claim_is_mounted_writable() -> None:
     spec = cluster_spec(draft={"model": {"pvc": {"claimName": "w", "readOnly": False}}})
-    dep = draft.statefulset(f.OWNER, spec, IMAGES)
+    dep = draft.deployment(f.OWNER, spec, IMAGES)
     assert {"name": "model", "persistentVolumeClaim": {"claimName": "w", "readOnly": False}} in pod_spec(dep)["volumes"]
     assert {"name": "model", "mountPath": MODEL_ROOT, "readOnly": False} in only_container(dep)["volumeMounts"]
 
 
 def test_a_model_in_the_image_mounts_nothing() -> None:
-    dep = draft.statefulset(f.OWNER, cluster_spec(), IMAGES)
+    dep = draft.deployment(f.OWNER, cluster_spec(), IMAGES)
     assert [v["name"] for v in pod_spec(dep)["volumes"]] == ["tmp"]
 
 
@@ -295,7 +293,7 @@ def test_precision_and_batching_reach_the_commands() -> None:
         draft={"model": {"path": "/d"}, "dtype": "float16", "maxBatch": 16, "schedule": "fair"},
         target={"model": {"path": "/t"}, "dtype": "bfloat16", "maxNumSeqs": 128, "kvCacheTokens": 90000},
     )
-    draft_command = only_container(draft.statefulset(f.OWNER, spec, IMAGES))["command"]
+    draft_command = only_container(draft.deployment(f.OWNER, spec, IMAGES))["command"]
     target_command = only_container(targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES))["command"]
 
     def flag(command: list[str], name: str) -> str:
@@ -322,11 +320,11 @@ def device(obj: dict[str, Any]) -> str:
 
 def test_a_role_that_asks_for_a_gpu_runs_on_cuda_and_a_cpu_only_role_on_the_cpu() -> None:
     spec = placed_spec()  # the draft and pool h100 ask for a GPU, pool l4 does not
-    assert device(draft.statefulset(f.OWNER, spec, IMAGES)) == "cuda"
+    assert device(draft.deployment(f.OWNER, spec, IMAGES)) == "cuda"
     assert device(targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES)) == "cuda"
     assert device(targets.statefulset(f.OWNER, spec, spec.pools[1], 1, IMAGES)) == "cpu"
     bare = cluster_spec()
-    assert device(draft.statefulset(f.OWNER, bare, IMAGES)) == "cpu"
+    assert device(draft.deployment(f.OWNER, bare, IMAGES)) == "cpu"
 
 
 def test_a_gpu_asked_for_in_a_pod_template_counts_as_asked_for() -> None:
@@ -335,12 +333,12 @@ def test_a_gpu_asked_for_in_a_pod_template_counts_as_asked_for() -> None:
     assert device(targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES)) == "cuda"
     zero = {"spec": {"containers": [{"name": c.COMPONENT_DRAFT, "resources": {"limits": {"nvidia.com/gpu": "0"}}}]}}
     spec = cluster_spec(draft={"model": {"path": "/d"}, "resources": GPU, "podTemplate": zero})
-    assert device(draft.statefulset(f.OWNER, spec, IMAGES)) == "cpu"
+    assert device(draft.deployment(f.OWNER, spec, IMAGES)) == "cpu"
 
 
 def test_pods_know_their_node_from_the_downward_api() -> None:
     spec = placed_spec()
-    for obj in (draft.statefulset(f.OWNER, spec, IMAGES), targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES)):
+    for obj in (draft.deployment(f.OWNER, spec, IMAGES), targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES)):
         container = only_container(obj)
         assert env(container)["STARSD_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
         assert container["terminationMessagePath"] == "/dev/termination-log"
@@ -349,7 +347,7 @@ def test_pods_know_their_node_from_the_downward_api() -> None:
 
 def test_every_role_requests_cpu_and_memory_so_no_pod_is_best_effort() -> None:
     bare = cluster_spec()
-    drafts = only_container(draft.statefulset(f.OWNER, bare, IMAGES))["resources"]
+    drafts = only_container(draft.deployment(f.OWNER, bare, IMAGES))["resources"]
     pool = only_container(targets.statefulset(f.OWNER, bare, bare.pools[0], 1, IMAGES))["resources"]
     assert drafts == {"requests": {"cpu": d.DRAFT_CPU_REQUEST, "memory": d.DRAFT_MEMORY_REQUEST}}
     assert pool == {"requests": {"cpu": d.TARGET_CPU_REQUEST, "memory": d.TARGET_MEMORY_REQUEST}}
@@ -377,7 +375,7 @@ def test_every_empty_dir_has_a_size_limit_and_the_spec_sets_them() -> None:
         target={"model": downloaded},
         pools=[{"name": "h100", "resources": GPU}],
     )
-    objs = [draft.statefulset(f.OWNER, spec, IMAGES), targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES)]
+    objs = [draft.deployment(f.OWNER, spec, IMAGES), targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES)]
     for obj in objs:
         dirs = empty_dirs(obj)
         assert set(dirs) == {"tmp", "model", "dshm"}
@@ -392,7 +390,7 @@ def test_every_empty_dir_has_a_size_limit_and_the_spec_sets_them() -> None:
         target={"model": downloaded, "sizeLimits": {"model": "40Gi"}},
         pools=[{"name": "h100", "resources": GPU}],
     )
-    dirs = empty_dirs(draft.statefulset(f.OWNER, spec, IMAGES))
+    dirs = empty_dirs(draft.deployment(f.OWNER, spec, IMAGES))
     assert [dirs[n]["sizeLimit"] for n in ("tmp", "dshm", "model")] == ["3Gi", "16Gi", "500Gi"]
     dirs = empty_dirs(targets.statefulset(f.OWNER, spec, spec.pools[0], 1, IMAGES))
     assert [dirs[n]["sizeLimit"] for n in ("tmp", "dshm", "model")] == [d.TMP_SIZE_LIMIT, d.SHM_SIZE_LIMIT, "40Gi"]
@@ -438,7 +436,9 @@ def test_only_this_clusters_targets_reach_the_draft_grpc_port() -> None:
 
 def test_replicas_are_split_across_the_pools_by_weight() -> None:
     objs = children.desired(f.OWNER, cluster_spec(targets={"replicas": 6}), IMAGES)
-    replicas = {o["metadata"]["name"]: o["spec"]["replicas"] for o in objs if o["kind"] == "StatefulSet"}
+    replicas = {
+        o["metadata"]["name"]: o["spec"]["replicas"] for o in objs if o["kind"] in ("Deployment", "StatefulSet")
+    }
     assert replicas == {"chat-draft": 1, "chat-target-h100": 4, "chat-target-l4": 2}
 
 
@@ -449,11 +449,10 @@ def test_long_names_are_shortened_stably_within_kubernetes_limits() -> None:
     assert name == naming.pool_name(owner, "p" * 24)
     assert name != naming.pool_name(owner, "q" * 24)
     assert len(naming.draft_name(owner)) <= 63
-    # A StatefulSet's name leaves room for its pods' controller-revision-hash label; its pods' DNS names use it.
-    drafts = naming.draft_statefulset_name(owner)
-    assert len(drafts) <= naming.STATEFULSET_NAME_LIMIT < len(naming.draft_name(owner))
-    assert naming.draft_pod_host(owner, 3).startswith(f"{drafts}-3.{naming.draft_headless_name(owner)}.ml.svc")
+    # The draft StatefulSet of older operators (replaced) was named within a StatefulSet's limit.
+    assert len(naming.draft_statefulset_name(owner)) <= naming.STATEFULSET_NAME_LIMIT < len(naming.draft_name(owner))
     assert len(naming.draft_headless_name(owner)) <= 63
+    assert naming.drafts_source(owner) == f"dns:{naming.draft_headless_name(owner)}.ml.svc:50051"
     assert naming.child_name("chat", "draft") == "chat-draft"
 
 
@@ -461,46 +460,48 @@ def test_the_builders_are_pure() -> None:
     spec = placed_spec()
     assert children.desired(f.OWNER, spec, IMAGES) == children.desired(f.OWNER, spec, IMAGES)
     first = children.desired(f.OWNER, spec, IMAGES)
-    [drafts] = [o for o in first if (o["kind"], o["metadata"]["name"]) == ("StatefulSet", "chat-draft")]
+    [drafts] = [o for o in first if (o["kind"], o["metadata"]["name"]) == ("Deployment", "chat-draft")]
     pod_spec(drafts)["nodeSelector"]["x"] = "y"
     assert "x" not in spec.draft.placement.node_selector
 
 
-def draft_list(obj: dict[str, Any]) -> list[str]:
+def drafts_from(obj: dict[str, Any]) -> str:
     command = only_container(obj)["command"]
-    return str(command[command.index("--draft") + 1]).split(",")
+    assert "--draft" not in command
+    return str(command[command.index("--drafts-from") + 1])
 
 
 @pytest.mark.parametrize("drafts", [1, 3])
-def test_the_drafts_are_a_statefulset_named_by_a_headless_service_and_every_target_lists_them(drafts: int) -> None:
+def test_the_drafts_are_a_deployment_listed_by_a_headless_service_that_every_target_resolves(drafts: int) -> None:
     spec = cluster_spec(draft={"model": {"path": "/d"}, "replicas": drafts}, targets={"replicas": 9})
     objs = {(o["kind"], o["metadata"]["name"]): o for o in children.desired(f.OWNER, spec, IMAGES)}
-    sts = objs[("StatefulSet", "chat-draft")]
-    assert sts["spec"]["replicas"] == drafts
+    assert ("StatefulSet", "chat-draft") not in objs
+    dep = objs[("Deployment", "chat-draft")]
+    assert dep["spec"]["replicas"] == drafts
     headless = objs[("Service", "chat-draft-pods")]
-    assert sts["spec"]["serviceName"] == "chat-draft-pods"
     assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is False
-    assert headless["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
+    assert headless["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
     assert {p["name"]: p["port"] for p in headless["spec"]["ports"]} == {"grpc": 50051, "metrics": 9090}
     # The one-draft address stays: a ClusterIP Service over any ready draft pod.
     clusterip = objs[("Service", "chat-draft")]
     assert clusterip["spec"]["type"] == "ClusterIP" and clusterip["spec"]["selector"] == headless["spec"]["selector"]
-    expected = [f"chat-draft-{i}.chat-draft-pods.ml.svc:50051" for i in range(drafts)]
     for pool in ("h100", "l4"):
-        assert draft_list(objs[("StatefulSet", f"chat-target-{pool}")]) == expected
-    assert expected == naming.draft_endpoints(f.OWNER, drafts)
+        assert drafts_from(objs[("StatefulSet", f"chat-target-{pool}")]) == "dns:chat-draft-pods.ml.svc:50051"
 
 
-def test_a_new_draft_count_is_a_new_target_template_so_the_pools_roll() -> None:
+def test_a_new_draft_count_changes_no_target_template_so_no_target_restarts() -> None:
     from starsd_operator import rollout
 
-    def template_hash(drafts: int) -> str:
+    def target_set(drafts: int) -> dict[str, Any]:
         spec = cluster_spec(draft={"model": {"path": "/d"}, "replicas": drafts})
-        sts = targets.statefulset(f.OWNER, spec, spec.pools[0], 2, IMAGES)
-        return str(sts["metadata"]["annotations"][rollout.ANNOTATION_TEMPLATE_HASH])
+        return targets.statefulset(f.OWNER, spec, spec.pools[0], 2, IMAGES)
 
-    assert template_hash(3) != template_hash(4)
-    assert template_hash(3) == template_hash(3)
+    for drafts in (2, 3, 4, 32):
+        assert target_set(drafts) == target_set(1)
+        assert (
+            target_set(drafts)["metadata"]["annotations"][rollout.ANNOTATION_TEMPLATE_HASH]
+            == target_set(1)["metadata"]["annotations"][rollout.ANNOTATION_TEMPLATE_HASH]
+        )
 
 
 def test_the_draft_pod_template_and_placement_apply_to_every_draft_pod() -> None:
@@ -512,7 +513,7 @@ def test_the_draft_pod_template_and_placement_apply_to_every_draft_pod() -> None
             "podTemplate": {"spec": {"priorityClassName": "drafts"}},
         }
     )
-    pod = pod_spec(draft.statefulset(f.OWNER, spec, IMAGES))
+    pod = pod_spec(draft.deployment(f.OWNER, spec, IMAGES))
     assert pod["priorityClassName"] == "drafts"
     assert pod["nodeSelector"] == {"starsd.io/pool": "l4"}
     assert [i["name"] for i in pod["initContainers"]] == ["fetch-model"]

@@ -67,7 +67,7 @@ def test_reconcile_applies_every_child() -> None:
         ("Service", "chat-draft"),
         ("Service", "chat-draft-pods"),
         ("NetworkPolicy", "chat-draft"),
-        ("StatefulSet", "chat-draft"),
+        ("Deployment", "chat-draft"),
         ("Service", "chat"),
         ("NetworkPolicy", "chat-target"),
         ("PodDisruptionBudget", "chat-draft"),
@@ -133,10 +133,10 @@ def test_reconcile_posts_scaled_events_for_the_workloads_whose_replicas_moved() 
     ]
 
 
-def legacy_draft_deployment(uid: str = f.OWNER.uid) -> dict[str, Any]:
-    """The draft Deployment an operator before several drafts applied (its own name, labels and owner)."""
+def legacy_draft_statefulset(uid: str = f.OWNER.uid) -> dict[str, Any]:
+    """The draft StatefulSet an operator of the StatefulSet days applied (its own name, labels and owner)."""
     return {
-        "kind": "Deployment",
+        "kind": "StatefulSet",
         "metadata": {
             "name": "chat-draft",
             "namespace": "ml",
@@ -144,58 +144,84 @@ def legacy_draft_deployment(uid: str = f.OWNER.uid) -> dict[str, Any]:
             "ownerReferences": [{"uid": uid, "controller": True}],
         },
         "spec": {"replicas": 1, "template": {"spec": {"containers": [{"name": "draft", "image": "reg/draft:0"}]}}},
+        "status": {"replicas": 1, "readyReplicas": 1},
     }
 
 
-class StatefulSetFirst(FakeKube):
-    """Refuses to delete the draft Deployment while the draft StatefulSet does not exist."""
+class DeploymentReadyFirst(FakeKube):
+    """Refuses to delete the draft StatefulSet while the draft Deployment is not ready."""
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
-        if kind == "Deployment":
-            assert ("StatefulSet", namespace, "chat-draft") in self.objects, "deleted before the StatefulSet exists"
+        if kind == "StatefulSet" and name == "chat-draft":
+            dep = self.objects.get(("Deployment", namespace, "chat-draft"))
+            assert dep is not None, "deleted before the Deployment exists"
+            assert controller.deployment_ready(dep), "deleted before the Deployment is ready"
         super().delete(kind, namespace, name)
 
 
-def test_an_old_draft_deployment_is_deleted_once_the_draft_statefulset_is_applied() -> None:
-    kube, memory = StatefulSetFirst(), Memory()
-    kube.put(legacy_draft_deployment())
-    events = controller.reconcile(kube, f.body(), CONFIG, memory)
-    assert ("StatefulSet", "ml", "chat-draft") in kube.objects
-    assert ("Deployment", "ml", "chat-draft") not in kube.objects
-    assert kube.deleted == [("Deployment", "chat-draft")]
-    message = "deleted Deployment chat-draft: the drafts run in StatefulSet chat-draft now"
-    assert ("Normal", c.EVENT_DELETED, message) in reasons(events)
+def test_an_old_draft_statefulset_is_deleted_only_once_the_draft_deployment_is_ready() -> None:
+    body = f.body()
+    kube, memory = DeploymentReadyFirst(), Memory()
+    kube.put(legacy_draft_statefulset())
+    events = controller.reconcile(kube, body, CONFIG, memory)
+    # Applied, not ready yet: the old drafts keep serving.
+    assert ("Deployment", "ml", "chat-draft") in kube.objects
+    assert ("StatefulSet", "ml", "chat-draft") in kube.objects and kube.deleted == []
+    assert not any(e.reason == c.EVENT_DELETED for e in events)
+    body["status"]["observedGeneration"] = 1
+    assert not any(
+        e.reason == c.EVENT_DELETED
+        for e in controller.tick(kube, body, CONFIG, memory, now=T0, fetch=under_loaded).events
+    )
+    kube.settle()  # the Deployment's draft is ready
+    ticked = controller.tick(kube, body, CONFIG, memory, now=T0 + timedelta(seconds=5), fetch=under_loaded)
+    assert ("StatefulSet", "ml", "chat-draft") not in kube.objects
+    assert kube.deleted == [("StatefulSet", "chat-draft")]
+    message = "deleted StatefulSet chat-draft: the drafts run in Deployment chat-draft now"
+    assert ("Normal", c.EVENT_DELETED, message) in reasons(ticked.events)
     # The next reconcile (a restart, say) has nothing left to do.
-    assert controller.reconcile(kube, f.body(), CONFIG, memory) == []
-    assert kube.deleted == [("Deployment", "chat-draft")]
+    assert controller.reconcile(kube, body, CONFIG, memory) == []
+    assert kube.deleted == [("StatefulSet", "chat-draft")]
 
 
 def test_a_restart_between_the_apply_and_the_delete_converges() -> None:
     kube = FakeKube()
-    kube.put(legacy_draft_deployment())
+    kube.put(legacy_draft_statefulset())
+    controller.reconcile(kube, f.body(), CONFIG, Memory())
+    kube.settle()
     kube.fail_delete = KubeError(0, "API server unreachable")  # the operator dies on the delete
     with pytest.raises(KubeError):
         controller.reconcile(kube, f.body(), CONFIG, Memory())
     assert {("StatefulSet", "ml", "chat-draft"), ("Deployment", "ml", "chat-draft")} <= set(kube.objects)
     kube.fail_delete = None
     controller.reconcile(kube, f.body(), CONFIG, Memory())  # a new process resumes
-    assert ("Deployment", "ml", "chat-draft") not in kube.objects
-    assert ("StatefulSet", "ml", "chat-draft") in kube.objects
+    assert ("StatefulSet", "ml", "chat-draft") not in kube.objects
+    assert ("Deployment", "ml", "chat-draft") in kube.objects
 
 
-def test_a_draft_deployment_of_someone_else_is_left_alone() -> None:
+def test_a_draft_statefulset_of_someone_else_is_left_alone() -> None:
     kube = FakeKube()
-    kube.put(legacy_draft_deployment(uid="someone-else"))
+    kube.put(legacy_draft_statefulset(uid="someone-else"))
     controller.reconcile(kube, f.body(), CONFIG, Memory())
-    assert ("Deployment", "ml", "chat-draft") in kube.objects and kube.deleted == []
+    kube.settle()
+    controller.reconcile(kube, f.body(), CONFIG, Memory())
+    assert ("StatefulSet", "ml", "chat-draft") in kube.objects and kube.deleted == []
 
 
-def test_the_old_draft_deployments_image_is_kept_under_a_pinned_policy() -> None:
+def test_the_old_draft_statefulsets_image_is_kept_under_a_pinned_policy() -> None:
     kube = FakeKube()
-    kube.put(legacy_draft_deployment())
+    kube.put(legacy_draft_statefulset())
     controller.reconcile(kube, f.body(), Config(), Memory())
-    sts = kube.objects[("StatefulSet", "ml", "chat-draft")]
-    assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == "reg/draft:0"
+    dep = kube.objects[("Deployment", "ml", "chat-draft")]
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "reg/draft:0"
+
+
+def test_a_deployment_is_ready_when_it_runs_every_replica_of_its_latest_spec() -> None:
+    ready = f.workload("Deployment", "chat-draft", 2)
+    assert controller.deployment_ready(ready)
+    assert not controller.deployment_ready(f.workload("Deployment", "chat-draft", 2, ready=1))
+    assert not controller.deployment_ready({**ready, "metadata": {**ready["metadata"], "generation": 2}})
+    assert not controller.deployment_ready(None)
 
 
 def test_reconcile_posts_an_event_per_child_of_a_pool_that_left() -> None:
@@ -405,33 +431,45 @@ def test_an_unchanged_cluster_writes_nothing() -> None:
     assert second.status_patch == {}
 
 
-def test_the_draft_statefulset_deleted_behind_the_operators_back_is_applied_again() -> None:
+def test_the_draft_deployment_deleted_behind_the_operators_back_is_applied_again() -> None:
     body = f.body()
     kube, memory = reconciled(body)
-    kube.delete("StatefulSet", "ml", "chat-draft")
+    kube.delete("Deployment", "ml", "chat-draft")
     kube.applied.clear()
     controller.tick(kube, body, CONFIG, memory, now=T0, fetch=under_loaded)
-    assert ("StatefulSet", "chat-draft") in kube.applied
+    assert ("Deployment", "chat-draft") in kube.applied
 
 
-def test_a_tick_of_an_upgraded_operator_replaces_the_old_draft_deployment() -> None:
-    """A cluster reconciled by an operator before several drafts: its draft is a Deployment. The new operator's
-    first tick (whichever of resume and tick runs first) applies the StatefulSet and deletes the Deployment."""
+def test_a_tick_of_an_upgraded_operator_applies_the_draft_deployment_and_then_replaces_the_statefulset() -> None:
+    """A cluster reconciled by an operator of the StatefulSet days: its drafts are a StatefulSet. The new
+    operator's first tick (whichever of resume and tick runs first) applies the Deployment; once that is ready,
+    a pass deletes the StatefulSet."""
     body = f.body()
     body["status"]["observedGeneration"] = 1
-    kube = StatefulSetFirst()
-    kube.put(legacy_draft_deployment())
-    result = controller.tick(kube, body, CONFIG, Memory(), now=T0, fetch=no_fetch)
+    kube, memory = DeploymentReadyFirst(), Memory()
+    kube.put(legacy_draft_statefulset())
+    controller.tick(kube, body, CONFIG, memory, now=T0, fetch=no_fetch)
+    assert ("Deployment", "ml", "chat-draft") in kube.objects
     assert ("StatefulSet", "ml", "chat-draft") in kube.objects
-    assert ("Deployment", "ml", "chat-draft") not in kube.objects
-    assert any(e.reason == c.EVENT_DELETED and "Deployment chat-draft" in e.message for e in result.events)
+    kube.settle()
+    events = controller.converge(kube, body, CONFIG, memory, now=T0.timestamp() + 1)
+    assert ("StatefulSet", "ml", "chat-draft") not in kube.objects
+    assert any(e.reason == c.EVENT_DELETED and "StatefulSet chat-draft" in e.message for e in events)
 
 
 def test_a_tick_reports_the_drafts_and_polls_once_one_is_ready() -> None:
     body = f.body(f.spec(draft={"model": {"path": "/models/draft"}, "replicas": 3}))
     kube, memory = reconciled(body)
-    sts = kube.objects[("StatefulSet", "ml", "chat-draft")]
-    sts["status"]["readyReplicas"] = 1
+    dep = kube.objects[("Deployment", "ml", "chat-draft")]
+    dep["status"]["readyReplicas"] = 1
+    for name, ip, ready in (
+        ("chat-draft-7d9c-x2x9q", "10.1.0.7", "True"),
+        ("chat-draft-7d9c-abcde", "10.1.0.9", "False"),
+    ):
+        pod = f.pod(name, "draft", podIP=ip, conditions=[{"type": "Ready", "status": ready}])
+        pod["kind"], pod["metadata"]["namespace"] = "Pod", "ml"
+        pod["metadata"]["labels"][c.LABEL_MANAGED_BY] = c.MANAGED_BY
+        kube.put(pod)
     fetched: list[str] = []
 
     def fetch(url: str) -> Load:
@@ -447,9 +485,10 @@ def test_a_tick_reports_the_drafts_and_polls_once_one_is_ready() -> None:
         "readyOfDesired": "1/3",
     }
     assert conditions(result)[c.COND_DRAFT_READY]["status"] == "False"
-    # every draft pod's own /v1/load, draft 0 first, and one row per draft in status
-    assert fetched == [f"http://chat-draft-{i}.chat-draft-pods.ml.svc:9090/v1/load" for i in range(3)]
-    assert [row["index"] for row in drafts["loads"]] == [0, 1, 2]
+    # every ready draft pod's own /v1/load (by its address: draft pods have no DNS names of their own), one
+    # row per draft read in status
+    assert fetched == ["http://10.1.0.7:9090/v1/load"]
+    assert [row["index"] for row in drafts["loads"]] == [0]
     assert drafts["worstUtilization"] == 0.2
 
 
@@ -486,7 +525,7 @@ def test_saturated_drafts_with_demand_get_one_more_draft_through_the_spec() -> N
     )
     body = f.body(spec)
     kube, memory = reconciled(body)
-    kube.objects[("StatefulSet", "ml", "chat-draft")]["status"]["readyReplicas"] = 1
+    kube.objects[("Deployment", "ml", "chat-draft")]["status"]["readyReplicas"] = 1
     results = []
     for i in range(6):
         result = controller.tick(kube, body, CONFIG, memory, now=T0 + timedelta(seconds=5 * i), fetch=saturated_draft)

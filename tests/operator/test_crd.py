@@ -244,7 +244,8 @@ def test_the_status_the_operator_writes_fits_the_schema(schema: dict[str, Any]) 
         generation=2,
         spec=parsed,
         children=status.Children(
-            statefulsets=[f.workload("StatefulSet", "chat-draft", 1), f.workload("StatefulSet", "chat-target-h100", 2)],
+            deployments=[f.workload("Deployment", "chat-draft", 1)],
+            statefulsets=[f.workload("StatefulSet", "chat-target-h100", 2)],
         ),
         load=load,
         decision=Decision(5, 3, "UnderLoaded", "3 -> 5 targets"),

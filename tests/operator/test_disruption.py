@@ -59,7 +59,7 @@ def test_a_bad_max_unavailable_is_named(value: Any) -> None:
 def test_the_draft_budget_covers_every_draft_pod_and_evicts_one_at_a_time(drafts: int) -> None:
     """With several drafts a drain takes one at a time: its targets move to the others meanwhile."""
     objs = children.desired(f.OWNER, parse(f.spec(draft={"model": {"path": "/d"}, "replicas": drafts})), IMAGES)
-    [sts] = [o for o in objs if (o["kind"], o["metadata"]["name"]) == ("StatefulSet", "chat-draft")]
+    [sts] = [o for o in objs if (o["kind"], o["metadata"]["name"]) == ("Deployment", "chat-draft")]
     [pdb] = [o for o in objs if (o["kind"], o["metadata"]["name"]) == ("PodDisruptionBudget", "chat-draft")]
     assert sts["spec"]["replicas"] == drafts
     assert pdb["spec"]["maxUnavailable"] == defaults.MAX_UNAVAILABLE == 1

@@ -127,7 +127,7 @@ def test_the_examples_pods_land_on_the_test_clusters_fake_gpu_nodes_of_their_pro
 
     nodes = yaml.safe_load(NODES.read_text())["items"]
     parsed = specmod.parse(f.sample()["spec"])
-    built = {"draft": draft.statefulset(f.OWNER, parsed, Images())}
+    built = {"draft": draft.deployment(f.OWNER, parsed, Images())}
     built |= {p.name: targets.statefulset(f.OWNER, parsed, p, 1, Images()) for p in parsed.pools}
     for role, obj in built.items():
         pod = obj["spec"]["template"]["spec"]

@@ -22,7 +22,7 @@ def target_pod(target: dict[str, Any] | None = None, **pool: Any) -> dict[str, A
 
 def draft_pod(**draft_fields: Any) -> dict[str, Any]:
     spec = parse(f.spec(draft={"model": {"path": "/d"}, **draft_fields}))
-    pod: dict[str, Any] = draft.statefulset(f.OWNER, spec, IMAGES)["spec"]["template"]["spec"]
+    pod: dict[str, Any] = draft.deployment(f.OWNER, spec, IMAGES)["spec"]["template"]["spec"]
     return pod
 
 

@@ -64,8 +64,13 @@ OWNER = Owner("chat", "ml", "uid-1")
 def test_the_annotation_holds_one_url_per_draft() -> None:
     urls = loadclient.load_urls(OWNER, {"starsd.io/load-url": " http://a/v1/load, http://b/v1/load ,"}, 5)
     assert urls == ["http://a/v1/load", "http://b/v1/load"]
-    assert loadclient.load_urls(OWNER, None, 3) == naming.draft_load_urls(OWNER, 3)
-    assert loadclient.load_urls(OWNER, None, 1) == [naming.default_load_url(OWNER)]
+    # Several drafts: each ready draft pod by its address (IPv6 in brackets); none ready yet: the Service.
+    assert loadclient.load_urls(OWNER, None, 3, ["10.0.0.5", "fd00::7"]) == [
+        "http://10.0.0.5:9090/v1/load",
+        "http://[fd00::7]:9090/v1/load",
+    ]
+    assert loadclient.load_urls(OWNER, None, 3) == [naming.default_load_url(OWNER)]
+    assert loadclient.load_urls(OWNER, None, 1, ["10.0.0.5"]) == [naming.default_load_url(OWNER)]
 
 
 def test_every_draft_is_read_and_aggregated(drafts: list[str]) -> None:

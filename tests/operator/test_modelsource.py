@@ -19,7 +19,7 @@ IMAGES = Images(draft="reg/draft:1", target="reg/target:1")
 
 def draft_pod(model: dict[str, Any]) -> dict[str, Any]:
     spec = parse(f.spec(draft={"model": model}))
-    pod: dict[str, Any] = draft.statefulset(f.OWNER, spec, IMAGES)["spec"]["template"]["spec"]
+    pod: dict[str, Any] = draft.deployment(f.OWNER, spec, IMAGES)["spec"]["template"]["spec"]
     return pod
 
 

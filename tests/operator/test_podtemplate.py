@@ -190,7 +190,7 @@ def test_the_draft_takes_its_own_template() -> None:
             }
         )
     )
-    pod = draft.statefulset(f.OWNER, spec, IMAGES)["spec"]["template"]["spec"]
+    pod = draft.deployment(f.OWNER, spec, IMAGES)["spec"]["template"]["spec"]
     assert pod["priorityClassName"] == "draft-critical"
     assert [c["name"] for c in pod["containers"]] == ["draft"]
     pools = [targets.statefulset(f.OWNER, spec, p, 1, IMAGES)["spec"]["template"]["spec"] for p in spec.pools]

@@ -33,8 +33,8 @@ def healthy(replicas: int = 3) -> status.Children:
     # spec(): weights 2:1 over h100 and l4.
     h100, l4 = (replicas * 2 + 2) // 3, replicas - (replicas * 2 + 2) // 3
     return status.Children(
+        deployments=[f.workload("Deployment", "chat-draft", 1)],
         statefulsets=[
-            f.workload("StatefulSet", "chat-draft", 1),
             f.workload("StatefulSet", "chat-target-h100", h100),
             f.workload("StatefulSet", "chat-target-l4", l4),
         ],
@@ -89,7 +89,8 @@ def test_the_draft_load_is_reported() -> None:
 def test_a_missing_draft_model_makes_ready_false_with_the_processs_message() -> None:
     children = healthy()
     children = status.Children(
-        statefulsets=[f.workload("StatefulSet", "chat-draft", 1, ready=0), *children.statefulsets[1:]],
+        deployments=[f.workload("Deployment", "chat-draft", 1, ready=0)],
+        statefulsets=children.statefulsets,
         pods=[crashing()],
     )
     built = build(children)
@@ -109,8 +110,8 @@ def test_an_unknown_node_pool_makes_ready_false_unschedulable() -> None:
         conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no nodes"}],
     )
     children = status.Children(
+        deployments=[f.workload("Deployment", "chat-draft", 1)],
         statefulsets=[
-            f.workload("StatefulSet", "chat-draft", 1),
             f.workload("StatefulSet", "chat-target-h100", 2, ready=1),
             f.workload("StatefulSet", "chat-target-l4", 1),
         ],
@@ -133,8 +134,8 @@ def test_children_not_created_yet() -> None:
 
 def test_progressing_while_pods_start() -> None:
     children = status.Children(
+        deployments=[f.workload("Deployment", "chat-draft", 1)],
         statefulsets=[
-            f.workload("StatefulSet", "chat-draft", 1),
             f.workload("StatefulSet", "chat-target-h100", 2, ready=0),
             f.workload("StatefulSet", "chat-target-l4", 1),
         ],
@@ -164,7 +165,8 @@ def test_an_invalid_spec_is_the_reason() -> None:
 def test_pool_bounds_that_cap_the_total_are_said() -> None:
     spec = f.spec(targets={"replicas": 5}, pools=[{"name": "h100", "maxReplicas": 2}])
     children = status.Children(
-        statefulsets=[f.workload("StatefulSet", "chat-draft", 1), f.workload("StatefulSet", "chat-target-h100", 2)],
+        deployments=[f.workload("Deployment", "chat-draft", 1)],
+        statefulsets=[f.workload("StatefulSet", "chat-target-h100", 2)],
     )
     built = build(children, spec=spec)
     assert built["targets"]["desiredReplicas"] == 2
@@ -236,8 +238,8 @@ def test_a_lost_load_reading_clears_the_load_fields() -> None:
 def three_drafts(ready: int) -> tuple[dict[str, Any], status.Children]:
     spec = f.spec(draft={"model": {"path": "/models/draft"}, "replicas": 3})
     children = healthy()
-    drafts = f.workload("StatefulSet", "chat-draft", 3, ready=ready)
-    return spec, status.Children(statefulsets=[drafts, *children.statefulsets[1:]])
+    drafts = f.workload("Deployment", "chat-draft", 3, ready=ready)
+    return spec, status.Children(deployments=[drafts], statefulsets=children.statefulsets)
 
 
 def test_the_drafts_are_counted_ready_over_desired() -> None:
@@ -263,11 +265,14 @@ def test_every_draft_ready_makes_the_draft_ready() -> None:
 def test_drafts_not_created_yet() -> None:
     built = build(status.Children())
     assert built["drafts"] == {"replicas": 0, "ready": 0, "desired": 1, "readyOfDesired": "0/1"}
-    assert cond(built, c.COND_DRAFT_READY)["message"] == "statefulset chat-draft does not exist yet"
+    assert cond(built, c.COND_DRAFT_READY)["message"] == "deployment chat-draft does not exist yet"
 
 
 def test_a_crashing_draft_pod_among_several_is_named() -> None:
     spec, children = three_drafts(ready=2)
-    built = build(status.Children(statefulsets=children.statefulsets, pods=[crashing()]), spec=spec)
+    built = build(
+        status.Children(deployments=children.deployments, statefulsets=children.statefulsets, pods=[crashing()]),
+        spec=spec,
+    )
     assert cond(built, c.COND_DRAFT_READY)["reason"] == "ContainerFailing"
     assert MISSING_MODEL in cond(built, c.COND_DRAFT_READY)["message"]
