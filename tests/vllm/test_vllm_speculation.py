@@ -15,10 +15,13 @@ from typing import Any
 import pytest
 
 from starsd.local import LocalStar, http_json
-from tests.vllm.conftest import START_SECONDS, VllmServer, running, speculative_config
+from tests.vllm.conftest import NO_VLLM, START_SECONDS, VllmServer, running, speculative_config
 
-# Two vLLM servers start together on two cores before the first test: more than the suite's 600 s may go by.
-pytestmark = pytest.mark.timeout(int(START_SECONDS) + 600)
+pytestmark = [
+    pytest.mark.skipif(NO_VLLM is not None, reason=NO_VLLM or ""),
+    # Two vLLM servers start together on two cores before the first test: more than the suite's 600 s may go by.
+    pytest.mark.timeout(int(START_SECONDS) + 600),
+]
 
 LONG = "import os\nimport sys\n\n" + "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(24))
 PROMPTS = [

@@ -12,6 +12,7 @@ import concurrent.futures
 import logging
 import threading
 from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -26,6 +27,14 @@ T = TypeVar("T")
 
 # Seconds a step may wait beyond the burst's own deadline for the loop thread to hand the answers over.
 _HANDOVER_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class Burst:
+    """A step's answers, one per request (None: none came), and how many missed the deadline."""
+
+    answers: list[pb.ProposeResponse | None]
+    late: int
 
 
 class StepLink:
@@ -89,21 +98,21 @@ class StepLink:
 
     def burst(
         self, requests: Sequence[pb.ProposeRequest], releases: Sequence[pb.ProposeRequest], deadline: float
-    ) -> list[pb.ProposeResponse | None]:
+    ) -> Burst:
         """Send a step's requests together (the draft batches them) and its releases; each request's answer,
-        or None for one not answered within ``deadline`` seconds (or on a stream that broke)."""
+        None for one not answered within ``deadline`` seconds or on a stream that broke."""
         if not requests and not releases:
-            return []
+            return Burst([], 0)
         future = asyncio.run_coroutine_threadsafe(self._burst(requests, releases, deadline), self._loop)
         try:
             return future.result(deadline + _HANDOVER_SECONDS)
         except concurrent.futures.TimeoutError:
             future.cancel()
-            return [None] * len(requests)
+            return Burst([None] * len(requests), len(requests))
 
     async def _burst(
         self, requests: Sequence[pb.ProposeRequest], releases: Sequence[pb.ProposeRequest], deadline: float
-    ) -> list[pb.ProposeResponse | None]:
+    ) -> Burst:
         client = self.client
         for release in releases:
             client.send(release)
@@ -112,15 +121,17 @@ class StepLink:
         if waiting:
             await asyncio.wait(waiting, timeout=deadline)
         answers: list[pb.ProposeResponse | None] = []
+        late = 0
         for req, f in zip(requests, futures, strict=True):
             if f is not None and f.done() and not f.cancelled():
-                answers.append(f.result())
+                answers.append(f.result())  # None when the stream broke
                 continue
             if f is not None:
+                late += 1
                 client.forget(req.session_id, req.seq)
                 f.cancel()
             answers.append(None)
-        return answers
+        return Burst(answers, late)
 
     def close(self) -> None:
         """Stop the client and its loop (vLLM never asks; tests and embedders do)."""

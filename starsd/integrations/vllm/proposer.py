@@ -166,13 +166,11 @@ class StarSDProposer:
         ]
         releases = [self._release(s) for s in plan.release]
         sent = time.perf_counter()
-        answers = self.link.burst(requests, releases, self.config.timeout)
+        burst = self.link.burst(requests, releases, self.config.timeout)
         self.last_rtt = time.perf_counter() - sent
         answered: set[int] = set()
-        late = 0
-        for ask, answer in zip(plan.asks, answers, strict=True):
+        for ask, answer in zip(plan.asks, burst.answers, strict=True):
             if answer is None:
-                late += 1
                 continue
             if answer.error_code:
                 log.warning("the draft refused session %d seq %d: %s", ask.session_id, ask.seq, answer.error_message)
@@ -189,12 +187,12 @@ class StarSDProposer:
             self.link.burst([], [self._release(s) for s in failed], self.config.timeout)
         if plan.asks:
             self.steps_drafted += 1
-        if late:
+        if burst.late:
             self.steps_missed += 1
             self.cooldown = self.config.cooldown_steps
             log.warning(
                 "the StarSD draft did not answer %d of %d rows within %.3f s: decoding alone for %d steps",
-                late,
+                burst.late,
                 len(plan.asks),
                 self.config.timeout,
                 self.config.cooldown_steps,
