@@ -6,6 +6,7 @@ costs no step more than the bound and drafting resumes when it returns, another 
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -148,6 +149,38 @@ def test_a_dead_draft_costs_no_proposals_and_drafting_resumes(
 
     wait_for(drafting, "proposals come back")
     assert [len(p) for p in batch.step(proposer)] == [GAMMA, GAMMA]
+
+
+def test_a_frozen_draft_costs_one_bounded_step_then_a_cooldown(
+    draft: LocalStar, shipped_pair: tuple[Path, Path], draft_model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A draft that stops answering (SIGSTOP: the connection stays up) holds a step no longer than
+    STARSD_DRAFT_TIMEOUT; the following STARSD_COOLDOWN_STEPS steps do not ask; drafting resumes after."""
+    monkeypatch.setenv("STARSD_DRAFT", draft.draft_address)
+    monkeypatch.setenv("STARSD_DRAFT_TIMEOUT", "0.3")
+    monkeypatch.setenv("STARSD_COOLDOWN_STEPS", "3")
+    p = StarSDProposer(vllm_config(shipped_pair[1]))
+    process = draft.draft
+    assert process is not None
+    try:
+        wait_for(lambda: p.link.connected, "the proposer is connected")
+        batch = Batch(prompts(draft_model)[:2])
+        wait_for(lambda: all(batch.step(p)), "the draft answers")  # its first answers may take a while
+        process.signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            assert batch.step(p) == [[], []]
+            assert time.monotonic() - started < 0.3 + 1.0  # the bound, with room for a loaded machine
+            assert p.steps_missed == 1
+            drafted = p.steps_drafted
+            for _ in range(3):
+                assert batch.step(p) == [[], []]
+            assert p.steps_drafted == drafted  # the cooldown steps did not ask
+        finally:
+            process.signal(signal.SIGCONT)
+        wait_for(lambda: all(batch.step(p)), "proposals come back")
+    finally:
+        p.close()
 
 
 def test_another_vocabulary_is_refused_with_both_fingerprints(
