@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,19 @@ def test_gamma_beyond_the_drafts_limit_is_explained() -> None:
     assert gamma_limit_error(4, 16) is None
     problem = gamma_limit_error(8, 4)
     assert problem is not None and "at most 4" in problem and "STARSD_GAMMA" in problem
+
+
+def test_throttle_logs_one_line_per_interval_and_counts_the_rest(caplog: pytest.LogCaptureFixture) -> None:
+    from starsd.integrations.vllm.proposer import Throttle
+
+    throttle = Throttle(interval=3600.0)
+    with caplog.at_level("WARNING", logger="starsd.vllm"):
+        assert throttle(logging.WARNING, "refused: %s", "full")
+        assert not throttle(logging.WARNING, "refused: %s", "full")
+        assert not throttle(logging.WARNING, "refused: %s", "full")
+    assert [r.getMessage() for r in caplog.records] == ["refused: full"]
+    assert throttle.held == 2
+    throttle.next_at = 0.0  # the interval is over
+    with caplog.at_level("WARNING", logger="starsd.vllm"):
+        assert throttle(logging.WARNING, "refused: %s", "full")
+    assert caplog.records[-1].getMessage() == "refused: full (2 more like it in the last 3600 s)"

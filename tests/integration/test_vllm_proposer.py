@@ -151,6 +151,23 @@ def test_a_dead_draft_costs_no_proposals_and_drafting_resumes(
     assert [len(p) for p in batch.step(proposer)] == [GAMMA, GAMMA]
 
 
+def test_a_fault_in_the_proposer_never_fails_vllms_step(
+    proposer: StarSDProposer, draft_model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wait_for(lambda: proposer.link.connected, "the proposer is connected")
+    batch = Batch(prompts(draft_model)[:2])
+    assert all(batch.step(proposer))
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug")
+
+    with monkeypatch.context() as m:
+        m.setattr(proposer.link, "burst", broken)
+        assert batch.step(proposer) == [[], []]
+    assert proposer.steps_failed == 1 and proposer.sessions == {}
+    assert all(batch.step(proposer))  # afresh: new sessions, told the whole context
+
+
 def test_a_frozen_draft_costs_one_bounded_step_then_a_cooldown(
     draft: LocalStar, shipped_pair: tuple[Path, Path], draft_model: LoadedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:

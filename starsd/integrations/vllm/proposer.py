@@ -56,6 +56,28 @@ def model_fingerprint(vllm_config: Any) -> str:
     return vocab_fingerprint(tokenizer)
 
 
+class Throttle:
+    """At most one log line per ``interval`` seconds for a recurring problem (a step runs every few
+    milliseconds: a draft refusing every request must not flood vLLM's log); says how many were left out."""
+
+    def __init__(self, interval: float = 10.0) -> None:
+        self.interval = interval
+        self.next_at = 0.0
+        self.held = 0
+
+    def __call__(self, level: int, message: str, *args: object, exc_info: bool = False) -> bool:
+        """Log unless a line went out less than ``interval`` ago; whether this one did."""
+        now = time.monotonic()
+        if now < self.next_at:
+            self.held += 1
+            return False
+        if self.held:
+            message += f" ({self.held} more like it in the last {self.interval:g} s)"
+        log.log(level, message, *args, exc_info=exc_info)
+        self.next_at, self.held = now + self.interval, 0
+        return True
+
+
 class StarSDProposer:
     """vLLM's proposer interface (``propose``, ``load_model``) over a StarSD draft."""
 
@@ -101,6 +123,9 @@ class StarSDProposer:
         # Counters (tests and logs read them; vLLM's own spec-decode metrics count acceptance).
         self.steps_drafted = 0
         self.steps_missed = 0
+        self.steps_failed = 0
+        self._refusals = Throttle()
+        self._failures = Throttle()
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """vLLM hands its target model over here; the draft runs elsewhere, so nothing to load."""
@@ -144,6 +169,12 @@ class StarSDProposer:
             )
             self._run(plan, out, verify_seconds, running=sum(r is not None for r in rows))
             return out
+        except Exception:  # a fault here must never fail vLLM's step: decode this step alone, start afresh
+            self.steps_failed += 1
+            self._failures(logging.ERROR, "StarSD proposer step failed; decoding it alone", exc_info=True)
+            self.sessions, self.previous = {}, {}
+            self.generation = -1
+            return [[] for _ in range(n)]
         finally:
             self.last_return = time.perf_counter()
 
@@ -173,11 +204,11 @@ class StarSDProposer:
             if answer is None:
                 continue
             if answer.error_code:
-                log.warning("the draft refused session %d seq %d: %s", ask.session_id, ask.seq, answer.error_message)
+                self._refusals(logging.WARNING, "the StarSD draft refused a request: %s", answer.error_message)
                 continue
             fault = proposal_fault(answer, ask.gamma, self.vocab_size, sampled=False)
             if fault is not None:
-                log.warning("malformed draft answer for session %d seq %d: %s", ask.session_id, ask.seq, fault)
+                self._refusals(logging.WARNING, "malformed StarSD draft answer: %s", fault)
                 continue
             answered.add(ask.row)
             out[ask.row] = list(answer.token_ids)
