@@ -71,7 +71,8 @@ def test_a_cluster_with_auth_and_clients_is_accepted_and_a_missing_secret_is_rep
 
     def made() -> dict[str, list[str]] | None:
         kids = ssd.children(cluster, namespace, "keyed")
-        return kids if len(kids["statefulsets"]) == 3 and len(kids["networkpolicies"]) == 2 else None
+        made_all = kids["deployments"] == ["keyed-draft"] and len(kids["statefulsets"]) == 2  # the draft, two pools
+        return kids if made_all and len(kids["networkpolicies"]) == 2 else None
 
     kids = wait_until("the children of keyed", made, timeout=60)
     assert kids["networkpolicies"] == ["keyed-draft", "keyed-target"]

@@ -39,7 +39,7 @@ DENIED = [
     # Verbs the operator never uses on what it does touch.
     ("get", "starsdclusters.starsd.io"),
     ("update", "starsdclusters.starsd.io/scale"),
-    ("create", "deployments.apps"),
+    ("delete", "deployments.apps"),  # the draft Deployment is scaled and patched, never deleted
     ("delete", "networkpolicies.networking.k8s.io"),
     ("get", "pods"),  # watched, never read one by one
     ("patch", "events"),

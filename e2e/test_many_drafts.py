@@ -109,14 +109,20 @@ def test_drafts_one_three_two_recreate_no_target_and_the_headless_service_lists_
             ),
             timeout=120,
         )
-        obj = ssd.wait_ready(cluster, namespace, "many", replicas=6, timeout=120)
-        counts = {k: obj["status"]["drafts"][k] for k in ("replicas", "ready", "desired", "readyOfDesired")}
-        assert counts == {
-            "replicas": drafts,
-            "ready": drafts,
-            "desired": drafts,
-            "readyOfDesired": f"{drafts}/{drafts}",
-        }
+        ssd.wait_ready(cluster, namespace, "many", replicas=6, timeout=120)
+        want = {"replicas": drafts, "ready": drafts, "desired": drafts, "readyOfDesired": f"{drafts}/{drafts}"}
+        seen: list[dict[str, Any]] = []
+
+        def status_counts(want: dict[str, Any] = want, seen: list[dict[str, Any]] = seen) -> bool:
+            # The status is written by the operator's next pass: it follows the Deployment within a tick or two.
+            drafts_status = ssd.get(cluster, namespace, "many")["status"]["drafts"]
+            seen.append({k: drafts_status.get(k) for k in want})
+            return seen[-1] == want
+
+        try:
+            wait_until(f"status.drafts to count {drafts}", status_counts, timeout=60)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: last seen {seen[-1] if seen else None}") from exc
         # No target pod was recreated, and the pool's template did not move.
         assert target_uids(cluster, namespace, "many") == uids
         pool = cluster.get("statefulset", "many-target-h100", namespace)

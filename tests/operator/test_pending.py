@@ -49,8 +49,8 @@ def test_pending_counts_the_unplaced_pods_and_keeps_the_first_ones_words() -> No
 
 def built_status(pods: list[dict[str, Any]]) -> dict[str, Any]:
     children = status.Children(
+        deployments=[f.workload("Deployment", "chat-draft", 1)],
         statefulsets=[
-            f.workload("StatefulSet", "chat-draft", 1),
             f.workload("StatefulSet", "chat-target-h100", 2, ready=0),
             f.workload("StatefulSet", "chat-target-l4", 1),
         ],
