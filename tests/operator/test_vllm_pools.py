@@ -262,3 +262,20 @@ def test_a_vllm_pool_fits_the_schema_and_parses(pool_schema: dict[str, Any]) -> 
     assert [list(validator.iter_errors(p)) for p in defaulted] == [[], []]
     assert defaulted[0]["engine"] == "starsd"
     assert parse({**raw, "pools": defaulted}) == parse(raw)
+
+
+def test_the_proposer_accepts_the_environment_the_operator_gives_it() -> None:
+    """What the pod's environment and speculative config say, read by the proposer's own configuration loader
+    (the downward API's pod name filled in as the kubelet would)."""
+    from starsd.integrations.vllm.config import load_config
+
+    ctr = container(statefulset(mixed_spec(), "v"))
+    pod_env = {
+        e["name"]: e.get("value", "chat-target-v-1")
+        for e in ctr["env"]
+        if "value" in e or e["valueFrom"].get("fieldRef", {}).get("fieldPath") == "metadata.name"
+    }
+    tokens = json.loads(flag(ctr["command"], "--speculative-config"))["num_speculative_tokens"]
+    config = load_config(pod_env, tokens)
+    assert str(config.source) == "dns:chat-draft-pods.ml.svc:50051"
+    assert (config.target_id, config.gamma) == ("chat-target-v-1", 6)
