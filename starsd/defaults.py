@@ -30,6 +30,11 @@ OPERATOR_METRICS_PORT: Final = 8081  # the operator's own Prometheus metrics (/m
 # The environment variable holding a target's accepted API keys (starsd.verifier.auth); the operator fills it
 # from spec.auth.apiKeySecretRef.
 API_KEY_ENV: Final = "STARSD_API_KEY"
+VLLM_API_KEY_ENV: Final = "VLLM_API_KEY"  # the same Secret's key for a vLLM pool (vLLM takes it as one key)
+
+# --- vLLM as a target (starsd.integrations.vllm, docs/vllm.md) ---------------------------------------------
+# The proposer class vLLM loads (`--speculative-config {"method": "custom_class", "model": ...}`).
+VLLM_PROPOSER_CLASS: Final = "starsd.integrations.vllm.StarSDProposer"
 
 # --- Placement ---------------------------------------------------------------------------------------------
 # The node a pod runs on (the operator sets it from the downward API's spec.nodeName); a process that cannot use
@@ -82,6 +87,9 @@ POOL_MIN_REPLICAS: Final = 0
 POOL_MAX_REPLICAS: Final = 64
 POOL_REPLICAS_MAX: Final = 1000  # the largest maxReplicas a pool may declare
 MAX_UNAVAILABLE: Final = 1  # each PodDisruptionBudget's maxUnavailable
+# A pool's engine (spec.pools[].engine): starsd runs `starsd target`, vllm runs `vllm serve` with StarSD's proposer.
+ENGINES: Final = ("starsd", "vllm")
+VLLM_ARGS_MAX: Final = 64  # extra `vllm serve` arguments a pool may give (spec.pools[].vllm.args)
 
 # Pod lifecycle (spec.draft / spec.target: terminationGracePeriodSeconds and probes)
 GRACE_SECONDS: Final = 120

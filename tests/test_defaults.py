@@ -98,6 +98,7 @@ EXPECTED: dict[str, dict[str, Any]] = {
     "pools[].minReplicas": {"default": d.POOL_MIN_REPLICAS, "minimum": 0},
     "pools[].maxReplicas": {"default": d.POOL_MAX_REPLICAS, "minimum": 0, "maximum": d.POOL_REPLICAS_MAX},
     "pools[].disruption.maxUnavailable": {"default": d.MAX_UNAVAILABLE},
+    "pools[].engine": {"default": d.ENGINES[0], "enum": list(d.ENGINES)},
     "autoscaling.enabled": {"default": False},
     "autoscaling.minTargets": {"default": d.MIN_TARGETS, "minimum": 0},
     "autoscaling.maxTargets": {"default": d.MAX_TARGETS, "minimum": 0},

@@ -32,6 +32,16 @@ def test_several_drafts_are_ordered_by_the_replicas_ordinal() -> None:
     assert load_config({**env, "STARSD_TARGET_ID": "vllm-0"}, 4).drafts == ["d0:1", "d1:1"]
 
 
+def test_dns_names_the_drafts_found_live() -> None:
+    """A StarSDCluster's vLLM pool is given the drafts' headless Service, as its StarSD targets are."""
+    config = load_config({"STARSD_DRAFT": "dns:chat-draft-pods.ml.svc:50051", "STARSD_TARGET_ID": "chat-v-0"}, 4)
+    assert config.source is not None and (config.source.host, config.source.port) == ("chat-draft-pods.ml.svc", 50051)
+    assert config.drafts == []
+    assert config.describe() == "dns:chat-draft-pods.ml.svc:50051"
+    static = load_config({"STARSD_DRAFT": "d0:1,d1:1"}, 4)
+    assert static.source is None and static.describe() == ",".join(static.drafts)
+
+
 def test_unix_sockets_are_addresses() -> None:
     assert load_config({"STARSD_DRAFT": "unix:/tmp/draft.sock"}, 2).drafts == ["unix:/tmp/draft.sock"]
 
@@ -43,6 +53,8 @@ def test_unix_sockets_are_addresses() -> None:
         ({"STARSD_DRAFT": "   "}, "STARSD_DRAFT is not set"),
         ({"STARSD_DRAFT": "localhost"}, "STARSD_DRAFT 'localhost': entry 1 ('localhost') has no port"),
         ({"STARSD_DRAFT": "a:1,,b:2"}, "is empty"),
+        ({"STARSD_DRAFT": "dns:chat-draft-pods.ml.svc"}, "STARSD_DRAFT 'dns:chat-draft-pods.ml.svc' has no port"),
+        ({"STARSD_DRAFT": "dns:a:1,b:1"}, "is not one DNS name"),
         ({"STARSD_DRAFT": "a:1", "STARSD_GAMMA": "5"}, "STARSD_GAMMA=5 is more than vLLM's num_speculative_tokens"),
         ({"STARSD_DRAFT": "a:1", "STARSD_GAMMA": "0"}, "STARSD_GAMMA='0': must be >= 1"),
         ({"STARSD_DRAFT": "a:1", "STARSD_GAMMA": "two"}, "STARSD_GAMMA='two' is not a whole number"),

@@ -58,14 +58,15 @@ class KeyState:
         return self.reason == UNREADABLE
 
 
-def env(auth: AuthSpec) -> list[dict[str, Any]]:
-    """The target container's ``$STARSD_API_KEY`` from the Secret (none without ``spec.auth``)."""
+def env(auth: AuthSpec, name: str = defaults.API_KEY_ENV) -> list[dict[str, Any]]:
+    """The target container's ``$STARSD_API_KEY`` (a vLLM pool's: ``name`` ``VLLM_API_KEY``) from the Secret
+    (none without ``spec.auth``)."""
     ref = auth.api_key_secret
     if ref is None:
         return []
     return [
         {
-            "name": defaults.API_KEY_ENV,
+            "name": name,
             "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key, "optional": False}},
         }
     ]

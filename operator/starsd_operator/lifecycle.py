@@ -68,8 +68,9 @@ def _int(raw: Mapping[str, Any], key: str, where: str, default: int, lo: int, hi
     return value
 
 
-def probes(port: str, lc: Lifecycle) -> dict[str, Any]:
-    """Startup (the load budget), readiness on ``/readyz``, liveness on ``/healthz``."""
+def probes(port: str, lc: Lifecycle, ready: str = "/readyz", live: str = "/healthz") -> dict[str, Any]:
+    """Startup (the load budget) and liveness on ``live``, readiness on ``ready`` (a vLLM pool has one path
+    for both, :mod:`.vllmpool`)."""
 
     def get(path: str, period: int, failures: int) -> dict[str, Any]:
         return {
@@ -80,9 +81,9 @@ def probes(port: str, lc: Lifecycle) -> dict[str, Any]:
         }
 
     return {
-        "startupProbe": get("/healthz", STARTUP_PERIOD, math.ceil(lc.startup_seconds / STARTUP_PERIOD)),
-        "readinessProbe": get("/readyz", lc.readiness_period, 3),
-        "livenessProbe": get("/healthz", lc.liveness_period, 3),
+        "startupProbe": get(live, STARTUP_PERIOD, math.ceil(lc.startup_seconds / STARTUP_PERIOD)),
+        "readinessProbe": get(ready, lc.readiness_period, 3),
+        "livenessProbe": get(live, lc.liveness_period, 3),
     }
 
 

@@ -32,10 +32,14 @@ class Images:
         )
 
 
-def probes(port: str, lc: lifecycle.Lifecycle | None = None) -> dict[str, Any]:
+def probes(port: str, lc: lifecycle.Lifecycle | None = None, health: str | None = None) -> dict[str, Any]:
     """Readiness on ``/readyz`` (model loaded, serving), liveness on ``/healthz`` (the process is alive), and
-    a startup probe that holds liveness off while the model loads (see :mod:`.lifecycle`)."""
-    return lifecycle.probes(port, lc or lifecycle.Lifecycle())
+    a startup probe that holds liveness off while the model loads (see :mod:`.lifecycle`); with ``health``,
+    that one path for all three (another engine's)."""
+    lc = lc or lifecycle.Lifecycle()
+    if health is not None:
+        return lifecycle.probes(port, lc, ready=health, live=health)
+    return lifecycle.probes(port, lc)
 
 
 def container_security_context() -> dict[str, Any]:
@@ -84,12 +88,14 @@ def device_for(resources: Mapping[str, Any]) -> str:
 def settle_serving(template: dict[str, Any], default_requests: Mapping[str, str]) -> dict[str, Any]:
     """``template`` (a merged pod template) with its serving container finished from its resources as merged
     (so what a ``podTemplate`` gives counts too): ``--device`` set by :func:`device_for`, and the role's
-    ``default_requests`` (cpu, memory) added by :func:`with_default_requests`."""
+    ``default_requests`` (cpu, memory) added by :func:`with_default_requests`. A command without ``--device``
+    (another engine's, which finds its device itself) is left as it is."""
     serving = template["spec"]["containers"][0]
     resources = with_default_requests(serving.get("resources") or {}, default_requests)
     serving["resources"] = resources
     command = serving["command"]
-    command[command.index("--device") + 1] = device_for(resources)
+    if "--device" in command:
+        command[command.index("--device") + 1] = device_for(resources)
     return template
 
 
@@ -118,8 +124,9 @@ def container(
     lc: lifecycle.Lifecycle | None = None,
     drain: bool = False,
     sizes: SizeLimits | None = None,
+    health: str | None = None,
 ) -> dict[str, Any]:
-    """One data-plane container. A missing model ends the process with a message in
+    """One data-plane container (``health``: see :func:`probes`). A missing model ends the process with a message in
     ``/dev/termination-log``; ``FallbackToLogsOnError`` keeps the log's tail when it could not write one.
     With ``drain`` the container's preStop hook drains it (a target); a GPU container gets ``/dev/shm``."""
     _, shm_mounts = lifecycle.shm(resources, (sizes or SizeLimits()).shm)
@@ -135,7 +142,7 @@ def container(
         "securityContext": container_security_context(),
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        **probes(probe_port, lc),
+        **probes(probe_port, lc, health),
     }
     if drain:
         out["lifecycle"] = lifecycle.drain_hook(int(ports[0]["containerPort"]))

@@ -90,6 +90,25 @@ class PoolSpec:
     model: ModelSource | None = None  # None: the target's model (spec.target.model)
     pod_template: PodTemplate | None = None
     disruption: Disruption = field(default_factory=Disruption)
+    # starsd: `starsd target`; vllm: `vllm serve` with StarSD's proposer (see .vllmpool, docs/vllm.md).
+    engine: str = defaults.ENGINES[0]
+    image: str | None = None  # a vllm pool's image (required there); a starsd pool runs spec.target.image
+    vllm_args: tuple[str, ...] = ()  # appended to a vllm pool's `vllm serve` (spec.pools[].vllm.args)
+
+    @property
+    def is_vllm(self) -> bool:
+        return self.engine == VLLM
+
+
+VLLM = "vllm"
+# `vllm serve` flags the operator sets itself, refused in a pool's vllm.args (the CRD's CEL rule lists the same):
+# the port the Services route to, the name the pool serves, the proposer, and the model (the positional path).
+VLLM_OPERATOR_FLAGS = ("--port", "--served-model-name", "--speculative-config", "--model")
+
+
+def vllm_flag(arg: str) -> str:
+    """The flag an argument sets, as vLLM reads it: ``--a_b=1`` and ``--a-b.c`` both set ``--a-b``."""
+    return arg.split("=", 1)[0].split(".", 1)[0].replace("_", "-")
 
 
 @dataclass(frozen=True)
@@ -309,6 +328,8 @@ def _pool(raw: Any, where: str) -> PoolSpec:
     hi = _int(raw, "maxReplicas", where, defaults.POOL_MAX_REPLICAS, minimum=0)
     if lo > hi:
         raise SpecError(f"{where}: minReplicas ({lo}) must be <= maxReplicas ({hi})")
+    engine = _choice(raw, "engine", where, defaults.ENGINES)
+    image = _optional_str(raw, "image", where)
     return PoolSpec(
         name=name,
         weight=_int(raw, "weight", where, defaults.POOL_WEIGHT, minimum=0),
@@ -318,7 +339,47 @@ def _pool(raw: Any, where: str) -> PoolSpec:
         model=_model(raw, where) if raw.get("model") is not None else None,
         pod_template=_pod_template(raw, where),
         disruption=disruption.parse(raw, where),
+        engine=engine,
+        image=_engine_image(engine, image, name, where),
+        vllm_args=_vllm_args(raw, engine, name, where),
     )
+
+
+def _engine_image(engine: str, image: str | None, pool: str, where: str) -> str | None:
+    """A vllm pool's image (required); a starsd pool has none of its own (the CRD's CEL rules say the same)."""
+    if engine == VLLM and image is None:
+        raise SpecError(
+            f"{where}.image: pool {pool}: engine vllm needs an image (a vLLM image with the starsd package installed,"
+            " docs/vllm.md)"
+        )
+    if engine != VLLM and image is not None:
+        raise SpecError(
+            f"{where}.image: pool {pool}: image applies to engine vllm only (a starsd pool runs spec.target.image)"
+        )
+    return image
+
+
+def _vllm_args(raw: Mapping[str, Any], engine: str, pool: str, where: str) -> tuple[str, ...]:
+    block = raw.get("vllm")
+    if block is None:
+        return ()
+    at = f"{where}.vllm"
+    if engine != VLLM:
+        raise SpecError(f"{at}: pool {pool}: vllm applies to engine vllm only")
+    if not isinstance(block, Mapping):
+        raise SpecError(f"{at} must be an object")
+    args = block.get("args") or []
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise SpecError(f"{at}.args must be a list of strings")
+    if len(args) > defaults.VLLM_ARGS_MAX:
+        raise SpecError(f"{at}.args may hold at most {defaults.VLLM_ARGS_MAX} arguments, got {len(args)}")
+    for i, arg in enumerate(args):
+        if vllm_flag(arg) in VLLM_OPERATOR_FLAGS:
+            raise SpecError(
+                f"{at}.args[{i}]: {arg.split('=', 1)[0]} is set by the operator (the port the Services route to, the"
+                " served model name, the speculative config and the model come from the spec)"
+            )
+    return tuple(args)
 
 
 MIN_TARGETS_MESSAGE = (

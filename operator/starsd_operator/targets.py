@@ -6,8 +6,9 @@ from typing import Any
 
 from starsd import defaults
 
-from . import apikey, naming, podspec, podtemplate, rollout
+from . import apikey, naming, podspec, podtemplate, rollout, vllmpool
 from . import constants as c
+from .modelsource import ModelSource
 from .naming import Owner
 from .spec import ClusterSpec, PoolSpec
 
@@ -30,45 +31,10 @@ def statefulset(
     target = spec.target
     model = pool.model or target.model  # a pool may run its own copy (another quantisation, say)
     name = naming.pool_name(owner, pool.name)
-    container = podspec.container(
-        name=c.COMPONENT_TARGET,
-        image=target.image or images.target,
-        command=[
-            "starsd",
-            "target",
-            "--model",
-            model.serve_path,
-            # The drafts' headless Service: the target finds the ready drafts itself and picks its own by
-            # rendezvous hashing of its id. Nothing here depends on the draft count, so changing it rolls no
-            # target (docs/architecture.md, "Several drafts").
-            "--drafts-from",
-            naming.drafts_source(owner),
-            "--port",
-            str(c.TARGET_HTTP_PORT),
-            "--gamma",
-            str(target.gamma),
-            *(["--adaptive-gamma"] if target.adaptive_gamma else []),
-            "--device",
-            podspec.device_for(pool.placement.resources),
-            "--dtype",
-            target.dtype,
-            "--max-num-seqs",
-            str(target.max_num_seqs),
-            "--max-prefill-tokens",
-            str(target.max_prefill_tokens),
-            *(["--kv-cache-tokens", str(target.kv_cache_tokens)] if target.kv_cache_tokens else []),
-            # Kubernetes expands $(POD_NAME) from the container's env: each target's id is its pod name.
-            "--id",
-            "$(POD_NAME)",
-        ],
-        ports=[{"name": "http", "containerPort": c.TARGET_HTTP_PORT, "protocol": "TCP"}],
-        probe_port="http",
-        model=model,
-        resources=pool.placement.resources,
-        extra_env=[{"name": "STARSD_POOL", "value": pool.name}, *apikey.env(spec.auth)],
-        lc=target.lifecycle,
-        drain=True,
-        sizes=target.size_limits,
+    container = (
+        _vllm_container(owner, spec, pool, model)
+        if pool.is_vllm
+        else _starsd_container(owner, spec, pool, model, images)
     )
     template = podspec.settle_serving(
         podtemplate.merge(
@@ -108,6 +74,77 @@ def statefulset(
             "template": template,
         },
     }
+
+
+def _starsd_container(
+    owner: Owner, spec: ClusterSpec, pool: PoolSpec, model: ModelSource, images: podspec.Images
+) -> dict[str, Any]:
+    """``starsd target``: a pool's engine by default."""
+    target = spec.target
+    return podspec.container(
+        name=c.COMPONENT_TARGET,
+        image=target.image or images.target,
+        command=[
+            "starsd",
+            "target",
+            "--model",
+            model.serve_path,
+            # The drafts' headless Service: the target finds the ready drafts itself and picks its own by
+            # rendezvous hashing of its id. Nothing here depends on the draft count, so changing it rolls no
+            # target (docs/architecture.md, "Several drafts").
+            "--drafts-from",
+            naming.drafts_source(owner),
+            "--port",
+            str(c.TARGET_HTTP_PORT),
+            "--gamma",
+            str(target.gamma),
+            *(["--adaptive-gamma"] if target.adaptive_gamma else []),
+            "--device",
+            podspec.device_for(pool.placement.resources),
+            "--dtype",
+            target.dtype,
+            "--max-num-seqs",
+            str(target.max_num_seqs),
+            "--max-prefill-tokens",
+            str(target.max_prefill_tokens),
+            *(["--kv-cache-tokens", str(target.kv_cache_tokens)] if target.kv_cache_tokens else []),
+            # Kubernetes expands $(POD_NAME) from the container's env: each target's id is its pod name.
+            "--id",
+            "$(POD_NAME)",
+        ],
+        ports=[{"name": "http", "containerPort": c.TARGET_HTTP_PORT, "protocol": "TCP"}],
+        probe_port="http",
+        model=model,
+        resources=pool.placement.resources,
+        extra_env=[{"name": "STARSD_POOL", "value": pool.name}, *apikey.env(spec.auth)],
+        lc=target.lifecycle,
+        drain=True,
+        sizes=target.size_limits,
+    )
+
+
+def _vllm_container(owner: Owner, spec: ClusterSpec, pool: PoolSpec, model: ModelSource) -> dict[str, Any]:
+    """``vllm serve`` with StarSD's proposer (:mod:`.vllmpool`): the same port, model, resources and lifecycle
+    budget as a StarSD target; probes on vLLM's ``/health``; no drain hook (vLLM has no ``/drain``)."""
+    target = spec.target
+    assert pool.image is not None  # the parser refuses a vllm pool without one
+    return podspec.container(
+        name=c.COMPONENT_TARGET,
+        image=pool.image,
+        command=vllmpool.command(spec, model, pool.vllm_args),
+        ports=[{"name": "http", "containerPort": c.TARGET_HTTP_PORT, "protocol": "TCP"}],
+        probe_port="http",
+        model=model,
+        resources=pool.placement.resources,
+        extra_env=[
+            {"name": "STARSD_POOL", "value": pool.name},
+            *vllmpool.env(owner),
+            *apikey.env(spec.auth, defaults.VLLM_API_KEY_ENV),
+        ],
+        lc=target.lifecycle,
+        sizes=target.size_limits,
+        health=vllmpool.HEALTH_PATH,
+    )
 
 
 def headless_service(owner: Owner, pool: PoolSpec) -> dict[str, Any]:

@@ -58,13 +58,24 @@ def unknown_fields(value: Any, schema: dict[str, Any], path: str = "") -> list[s
     return found
 
 
-@pytest.mark.parametrize("values", ["sample.yaml", "custom-pools.yaml"])
+@pytest.mark.parametrize("values", ["sample.yaml", "custom-pools.yaml", "vllm-pool.yaml"])
 def test_rendered_sample_fits_the_crd_schema(render: Callable[..., Rendered], values: str) -> None:
     sample = render(values).one("StarSDCluster")
     schema = crd_schema()
     # metadata is ObjectMeta, which the API server handles itself; the spec is ours.
     assert unknown_fields(sample["spec"], schema["properties"]["spec"], ".spec") == []
     jsonschema.validate(sample["spec"], schema["properties"]["spec"])
+
+
+def test_a_vllm_pool_in_the_values_reaches_the_cluster_as_the_operator_reads_it(
+    render: Callable[..., Rendered],
+) -> None:
+    from starsd_operator import spec as specmod
+
+    parsed = specmod.parse(render("vllm-pool.yaml").one("StarSDCluster")["spec"])
+    assert [(p.name, p.engine) for p in parsed.pools] == [("h100", "starsd"), ("h100-vllm", "vllm")]
+    assert parsed.pools[1].image == "registry.example/vllm-starsd:0.32.0"
+    assert parsed.pools[1].vllm_args == ("--max-num-seqs", "128", "--gpu-memory-utilization", "0.9")
 
 
 def test_unknown_field_check_finds_a_typo() -> None:

@@ -69,6 +69,7 @@ BAD_VALUES = [
     (["cluster.pools={}"], "/cluster/pools"),
     (["cluster.pools[0].name=H100"], "/cluster/pools/0/name"),
     (["cluster.pools[0].colour=red"], "additional properties 'colour' not allowed"),
+    (["cluster.pools[0].engine=tgi"], "/cluster/pools/0/engine"),
     (["cluster.autoscaling.underloadedUtilization=1.5"], "/cluster/autoscaling/underloadedUtilization"),
     (["serviceMonitor.interval=often"], "/serviceMonitor/interval"),
     (["images.target.repository="], "/images/target/repository"),

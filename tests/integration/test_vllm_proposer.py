@@ -224,3 +224,23 @@ def test_an_unreachable_draft_at_start_means_decoding_alone(
         assert Batch([[5, 6, 7]]).step(p) == [[]]
     finally:
         p.close()
+
+
+def test_drafts_found_by_dns_as_a_starsd_cluster_gives_them(
+    draft: LocalStar, draft_model: LoadedModel, shipped_pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``STARSD_DRAFT=dns:HOST:PORT`` (what the operator gives a vLLM pool): the name is looked up, the draft
+    behind it answers the vocabulary check and drafts, and the link keeps following the name."""
+    host, port = draft.draft_address.rsplit(":", 1)
+    monkeypatch.setenv("STARSD_DRAFT", f"dns:{host}:{port}")  # an address literal resolves to itself
+    monkeypatch.setenv("STARSD_TARGET_ID", "chat-target-v-0")
+    monkeypatch.setenv("STARSD_DRAFT_TIMEOUT", "5")
+    p = StarSDProposer(vllm_config(shipped_pair[1]))
+    try:
+        assert p.link.drafts == [draft.draft_address]
+        assert p.link.client.drafts_from == f"dns:{host}:{port}"
+        wait_for(lambda: p.link.connected, "the proposer is connected")
+        [context] = prompts(draft_model)[:1]
+        assert Batch([list(context)]).step(p) == [autoregressive_reference(draft_model, context, GAMMA)]
+    finally:
+        p.close()

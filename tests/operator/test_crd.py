@@ -131,6 +131,8 @@ def test_cel_rules_cover_the_cross_field_checks(schema: dict[str, Any]) -> None:
         "self.draft.replicas <= self.autoscaling.maxDrafts",
         "(has(self.path) ? 1 : 0) + (has(self.pvc) ? 1 : 0) + (has(self.uri) ? 1 : 0) == 1",
         "has(self.uri) || (!has(self.credentials) && !has(self.cache))",
+        "self.engine != 'vllm' || has(self.image)",
+        "(has(self.engine) && self.engine == 'vllm') || !has(self.vllm)",
     ):
         assert needle in rules, needle
     for _, node in walk(schema):
@@ -209,6 +211,10 @@ def test_the_schema_refuses(schema: dict[str, Any], mutate: Any, where: str) -> 
         lambda s: s["target"].update(model={"path": "/m", "cache": {"claimName": "c"}}),
         lambda s: s["target"].update(model={"uri": "ftp://h/m.tar.gz"}),
         lambda s: s["pools"][0].update(model={"pvc": {"claimName": "c", "subPath": "a/../b"}}),
+        lambda s: s["pools"][0].update(engine="vllm"),  # no image
+        lambda s: s["pools"][0].update(image="reg/vllm:1"),  # on a starsd pool
+        lambda s: s["pools"][0].update(vllm={"args": ["--max-num-seqs", "8"]}),  # on a starsd pool
+        lambda s: s["pools"][0].update(engine="vllm", image="reg/vllm:1", vllm={"args": ["--port=1"]}),
     ],
 )
 def test_what_only_cel_catches_the_operator_refuses_too(schema: dict[str, Any], mutate: Any) -> None:

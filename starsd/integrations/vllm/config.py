@@ -14,10 +14,14 @@ from pathlib import Path
 
 from starsd import defaults
 from starsd.assignment import ordered_drafts
+from starsd.verifier.discovery import SCHEME as DNS_SCHEME
+from starsd.verifier.discovery import DnsSource, DraftSourceError, parse_drafts_from
 from starsd.verifier.draft_pool import DraftListError, parse_draft_addresses
 
 # The variables, with what each holds (docs/vllm.md lists them too).
-DRAFT = "STARSD_DRAFT"  # HOST:PORT[,HOST:PORT...] or unix:PATH: the draft(s), as `starsd target --draft`
+# HOST:PORT[,HOST:PORT...] or unix:PATH: the draft(s), as `starsd target --draft`; or dns:HOST:PORT: the drafts
+# found live behind one DNS name (a StarSDCluster's headless Service NAME-draft-pods), as `--drafts-from`
+DRAFT = "STARSD_DRAFT"
 TARGET_ID = "STARSD_TARGET_ID"  # this replica's id on the draft (default: the host name)
 TLS_CA = "STARSD_DRAFT_TLS_CA"  # PEM CA bundle: reach the draft over TLS
 GAMMA = "STARSD_GAMMA"  # tokens asked per row (default and most: vLLM's num_speculative_tokens)
@@ -38,7 +42,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ProposerConfig:
-    drafts: list[str]  # this replica's drafts, first choice first (starsd.assignment.ordered_drafts)
+    drafts: list[str]  # this replica's drafts, first choice first (starsd.assignment.ordered_drafts); [] with source
     target_id: str
     tls_ca: Path | None
     gamma: int
@@ -46,6 +50,11 @@ class ProposerConfig:
     check_timeout: float
     cooldown_steps: int
     idle_steps: int
+    source: DnsSource | None = None  # dns:HOST:PORT: the drafts are found live (starsd.verifier.discovery)
+
+    def describe(self) -> str:
+        """Where the drafts are, for the logs."""
+        return str(self.source) if self.source is not None else ",".join(self.drafts)
 
 
 def _number(env: Mapping[str, str], name: str, default: float, low: float) -> float:
@@ -89,12 +98,19 @@ def load_config(env: Mapping[str, str], num_speculative_tokens: int) -> Proposer
     if not raw.strip():
         raise ConfigError(
             f"{DRAFT} is not set: give the StarSD draft as HOST:PORT (or a comma-separated list of the star's "
-            "drafts, draft 0 first), as `starsd target --draft`"
+            "drafts, draft 0 first), as `starsd target --draft`, or dns:HOST:PORT to find them live"
         )
+    source: DnsSource | None = None
+    addresses: list[str] = []
     try:
-        addresses = parse_draft_addresses(raw)
+        if raw.strip().startswith(DNS_SCHEME):
+            source = parse_drafts_from(raw)
+        else:
+            addresses = parse_draft_addresses(raw)
     except DraftListError as exc:
         raise ConfigError(str(exc).replace("--draft", DRAFT, 1)) from None
+    except DraftSourceError as exc:
+        raise ConfigError(str(exc).replace("--drafts-from", DRAFT, 1)) from None
     target_id = env.get(TARGET_ID, "").strip() or socket.gethostname()
     tls_raw = env.get(TLS_CA, "").strip()
     tls_ca = Path(tls_raw) if tls_raw else None
@@ -112,7 +128,7 @@ def load_config(env: Mapping[str, str], num_speculative_tokens: int) -> Proposer
             "raise num_speculative_tokens in --speculative-config or lower it"
         )
     return ProposerConfig(
-        drafts=ordered_drafts(target_id, addresses),
+        drafts=ordered_drafts(target_id, addresses) if addresses else [],
         target_id=target_id,
         tls_ca=tls_ca,
         gamma=gamma,
@@ -120,4 +136,5 @@ def load_config(env: Mapping[str, str], num_speculative_tokens: int) -> Proposer
         check_timeout=_number(env, CHECK_TIMEOUT, DEFAULT_CHECK_TIMEOUT_SECONDS, 0.001),
         cooldown_steps=_integer(env, COOLDOWN_STEPS, DEFAULT_COOLDOWN_STEPS, 0),
         idle_steps=_integer(env, IDLE_STEPS, DEFAULT_IDLE_STEPS, 1),
+        source=source,
     )

@@ -19,6 +19,7 @@ import grpc
 
 from starsd.integrations.vllm.config import ProposerConfig
 from starsd.proto import starsd_pb2 as pb
+from starsd.verifier.discovery import DraftDiscovery
 from starsd.verifier.draft_client import DraftClient, DraftClientOptions, VocabularyMismatch, check_draft_info
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,15 @@ class StepLink:
         self._thread = threading.Thread(target=self._loop.run_forever, name="starsd-draft-link", daemon=True)
         self._thread.start()
         options = DraftClientOptions(deadline=config.timeout, tls_ca=config.tls_ca)
-        self.client = DraftClient(config.drafts, config.target_id, fingerprint, vocab_size, options)
+        self.drafts = list(config.drafts)  # the drafts known at start, first choice first
+        discovery = None
+        if config.source is not None:
+            # Found live, as a StarSD target with --drafts-from: one lookup now (none found: vLLM decodes alone
+            # until a later lookup finds one), then the client keeps following the DNS answer.
+            discovery = DraftDiscovery(config.source, config.target_id)
+            self._call(discovery.refresh())
+            self.drafts = list(discovery.order)
+        self.client = DraftClient(self.drafts, config.target_id, fingerprint, vocab_size, options, discovery=discovery)
 
     def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
@@ -59,7 +68,7 @@ class StepLink:
         """
         mismatches: list[str] = []
         answered = 0
-        for address in self.config.drafts:
+        for address in self.drafts:
             try:
                 info = self._call(self.client.fetch_info(self.config.check_timeout, address))
             except grpc.aio.AioRpcError as exc:

@@ -108,7 +108,7 @@ class StarSDProposer:
             "StarSD proposer: target id %r, drafts %s, gamma %d; a step waits at most %.3f s for the draft, "
             "then decodes alone for %d steps",
             self.config.target_id,
-            ",".join(self.config.drafts),
+            self.config.describe(),
             self.config.gamma,
             self.config.timeout,
             self.config.cooldown_steps,
