@@ -28,15 +28,17 @@ class OutOfRangeDraft(pb_grpc.DraftServicer):
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:
         return pb.InfoResponse(model_name="odd", vocab_size=VOCAB, vocab_fingerprint="fp", max_context=1024)
 
+    def answer(self, req: pb.ProposeRequest) -> pb.ProposeResponse:
+        self.answered += 1
+        token = VOCAB + 5 if self.answered % 2 else 3
+        return pb.ProposeResponse(session_id=req.session_id, seq=req.seq, token_ids=[token] * req.gamma)
+
     async def Propose(
         self, requests: AsyncIterator[pb.ProposeRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ProposeResponse]:
         async for req in requests:
-            if req.release:
-                continue
-            self.answered += 1
-            token = VOCAB + 5 if self.answered % 2 else 3
-            yield pb.ProposeResponse(session_id=req.session_id, seq=req.seq, token_ids=[token] * req.gamma)
+            if not req.release:  # a release is answered by nothing
+                yield self.answer(req)
 
 
 def test_an_unverifiable_answer_is_counted_by_the_client_and_the_round_decodes_alone() -> None:

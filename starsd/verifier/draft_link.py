@@ -52,8 +52,7 @@ class DraftLink:
         if self.session_id == 0:
             self.session_id = client.new_session_id()
         self.seq += 1
-        demand = client.demand()
-        return pb.ProposeRequest(
+        req = pb.ProposeRequest(
             target_id=client.target_id,
             session_id=self.session_id,
             seq=self.seq,
@@ -66,10 +65,10 @@ class DraftLink:
             seed=self.seed,
             verify_seconds=verify_seconds,
             rtt_seconds=self.rtt,
-            running_requests=demand.running,
-            waiting_requests=demand.waiting,
-            occupancy=demand.occupancy,
         )
+        demand = client.demand()
+        req.running_requests, req.waiting_requests, req.occupancy = demand.running, demand.waiting, demand.occupancy
+        return req
 
     async def propose(self, committed: list[int], gamma: int, verify_seconds: float) -> Proposal | None:
         client = self.client
