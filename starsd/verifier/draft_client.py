@@ -35,6 +35,7 @@ from starsd.verifier.draft_stream import (
     open_stream,
 )
 
+# The client's whole interface; the vocabulary check is the stream's (draft_stream.py), named here for callers.
 __all__ = ["Demand", "DraftClient", "DraftClientOptions", "VocabularyMismatch", "check_draft_info"]
 
 log = logging.getLogger(__name__)
