@@ -11,7 +11,8 @@ from starsd.draft.core import DraftConfig
 from starsd.draft.proposers import EmulatedProposer
 from starsd.draft.server import DraftServer, DraftServerOptions
 from starsd.sampling import SamplingParams
-from starsd.verifier.draft_client import DraftClient, DraftClientOptions, DraftLink
+from starsd.verifier.draft_client import DraftClient, DraftClientOptions
+from starsd.verifier.draft_link import DraftLink
 from starsd.verifier.draft_pool import Reason
 
 VOCAB = 32000

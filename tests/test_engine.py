@@ -9,15 +9,15 @@ from pathlib import Path
 from starsd.checkpoints import load_checkpoint
 from starsd.sampling import SamplingParams
 from starsd.verifier.api import Limits, RequestError, parse_completion
-from starsd.verifier.engine import GenerationStats, TargetEngine
+from starsd.verifier.engine import GenerationStats, RequestControls, TargetEngine
 from tests.support.reference import autoregressive_reference
 
 PROMPT = [5, 17, 42, 7, 99]
 
 
 async def _generate(engine: TargetEngine, max_tokens: int, ignore_eos: bool) -> GenerationStats:
-    stats = GenerationStats()
-    async for _ in engine.generate(PROMPT, max_tokens, SamplingParams(), stats, ignore_eos=ignore_eos):
+    stats, controls = GenerationStats(), RequestControls(ignore_eos=ignore_eos)
+    async for _ in engine.generate(PROMPT, max_tokens, SamplingParams(), stats, controls=controls):
         pass
     return stats
 

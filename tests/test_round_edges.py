@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from starsd.draft.runner import DraftRunner
+from starsd.proposal_codec import proposal_fault
 from starsd.proto import starsd_pb2 as pb
 from starsd.sampling import Verdict, draft_generator, sample, target_generator
 from starsd.verifier.api import stop_check
-from starsd.verifier.draft_client import proposal_fault
-from starsd.verifier.engine import kept_counts
+from starsd.verifier.engine import RoundEnd, kept_counts
 from tests.stats import fits
 
 
@@ -98,14 +98,14 @@ def test_the_draft_runner_seeds_its_sessions_with_the_draft_stream() -> None:
 
 def test_each_request_on_the_stream_says_how_many_of_its_burst_follow() -> None:
     """A step's sessions ask the draft together; each request carries the count still queued behind it."""
-    from starsd.verifier.draft_client import DraftClient
+    from starsd.verifier.draft_stream import requests
 
     async def sent() -> list[tuple[int, int]]:
         queue: asyncio.Queue[pb.ProposeRequest | None] = asyncio.Queue()
         for i in range(1, 4):
             queue.put_nowait(pb.ProposeRequest(target_id="t", session_id=i, seq=1))
         out = []
-        stream = DraftClient._requests(queue)
+        stream = requests(queue)
         for _ in range(3):
             req = await anext(stream)
             out.append((req.session_id, req.following))
@@ -115,3 +115,24 @@ def test_each_request_on_the_stream_says_how_many_of_its_burst_follow() -> None:
         return out
 
     assert asyncio.run(sent()) == [(1, 2), (2, 1), (3, 0), (9, 0)]
+
+
+def test_a_round_keeps_its_tokens_up_to_an_end_token_or_a_stop() -> None:
+    from starsd.verifier.engine import round_outcome
+
+    assert round_outcome([7, 8, 9], ends=(2,), stop=None) == RoundEnd([7, 8, 9], keep=3, stopped=False)
+    assert round_outcome([7, 2, 9], ends=(2,), stop=None) == RoundEnd([7], keep=2, stopped=True)  # EOS excluded
+    assert round_outcome([2], ends=(2,), stop=lambda tokens: 0) == RoundEnd([], keep=1, stopped=True)
+    stop_after_8 = lambda tokens: tokens.index(8) + 1 if 8 in tokens else None  # noqa: E731
+    assert round_outcome([7, 8, 9], ends=(), stop=stop_after_8) == RoundEnd([7, 8], keep=2, stopped=True)
+    assert round_outcome([7, 8, 2], ends=(2,), stop=stop_after_8) == RoundEnd([7, 8], keep=2, stopped=True)
+
+
+def test_a_round_counts_its_kept_drafts_and_its_fallback_tokens() -> None:
+    from starsd.verifier.engine import RoundStats, round_stats
+
+    verdict = Verdict(accepted=3, tokens=[7, 8, 9, 4])
+    assert round_stats(verdict, 4, RoundEnd([7], keep=2, stopped=True), fell_back=False) == RoundStats(2, 2, 0, 1)
+    alone = Verdict(accepted=0, tokens=[5])
+    assert round_stats(alone, 0, RoundEnd([5], keep=1, stopped=False), fell_back=True) == RoundStats(0, 0, 1, 1)
+    assert round_stats(alone, 0, RoundEnd([5], keep=1, stopped=False), fell_back=False) == RoundStats(0, 0, 0, 1)

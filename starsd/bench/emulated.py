@@ -2,11 +2,12 @@
 
 An emulated target is a real :class:`starsd.verifier.engine.TargetEngine` (the step scheduler, the generation
 loop) talking to the draft through a real :class:`starsd.verifier.draft_client.DraftClient` and
-:class:`~starsd.verifier.draft_client.DraftLink` (one long-lived ``Propose`` stream, the real request fields, the
-real fallback and adaptive gamma). Only the model is emulated: :class:`EmulatedTargetRunner` has the
-interface of :class:`starsd.verifier.runner.TargetRunner`, and its step holds the model thread for the
-profile's verify time (releasing the GIL, as kernels do) and draws how many drafts are accepted instead of
-computing logits. Token ids are not looked at, so a target costs a few hundred microseconds of CPU per round.
+:class:`starsd.verifier.draft_link.DraftLink` (one long-lived ``Propose`` stream, the real request fields, the
+real fallback and adaptive gamma). Only the model is emulated: :class:`EmulatedTargetRunner` is a
+:class:`starsd.verifier.step_runner.StepRunner` like :class:`starsd.verifier.runner.TargetRunner`, and its step
+holds the model thread for the profile's verify time (releasing the GIL, as kernels do) and draws how many
+drafts are accepted instead of computing logits. Token ids are not looked at, so a target costs a few hundred
+microseconds of CPU per round.
 
 The draft's side needs no emulation here: ``starsd draft --emulate-service-time`` is the real draft server and
 draft core with an emulated proposer (:class:`starsd.draft.proposers.EmulatedProposer`).
@@ -29,13 +30,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
+import torch
 
 from starsd.checkpoints import LoadedModel
 from starsd.proto import starsd_pb2 as pb
 from starsd.sampling import SamplingParams
 from starsd.verifier.draft_client import DraftClient, DraftClientOptions
 from starsd.verifier.engine import BatchOptions, GenerationStats, TargetEngine
-from starsd.verifier.runner import RowOutcome, StepRow, TargetRunner, TargetSession
+from starsd.verifier.runner import RowOutcome, StepRow, TargetSession, commit
 
 _MAX_CORRECTION = 0.001  # seconds: the most one hold's lateness may move the correction
 
@@ -122,23 +124,42 @@ class _Exchange:
     response_bytes: int = 0
 
 
-class EmulatedTargetRunner(TargetRunner):
-    """A :class:`TargetRunner` whose step holds for the verify time and draws acceptance instead of computing.
+class Hold:
+    """Holds the calling thread ``seconds`` on average despite late wake-ups (see the module docstring)."""
 
-    A verify row accepts ``accept(round, drafts)`` of its drafts and adds one token of its own (a random id);
-    a prefill row only advances its cache. The step's hold is the same for any number of rows.
+    def __init__(self) -> None:
+        self._late = 0.0  # how much earlier than wanted to wake (learned)
+
+    def __call__(self, seconds: float) -> float:
+        """Hold ``seconds``; returns the time actually held."""
+        start = time.perf_counter()
+        time.sleep(max(0.0, seconds - self._late))
+        actual = time.perf_counter() - start
+        # Learn the timer's systematic lateness only: a stall of the whole process (another job took the
+        # CPU) is clipped, so it shows in the measurements instead of being repaid by short holds later.
+        error = min(max(actual - seconds, -_MAX_CORRECTION), _MAX_CORRECTION)
+        self._late = min(max(0.0, self._late + 0.2 * error), seconds)
+        return actual
+
+
+class EmulatedTargetRunner:
+    """A :class:`starsd.verifier.step_runner.StepRunner` whose step holds for the verify time and draws acceptance
+    instead of computing; it commits with the model runner's own rule (:func:`starsd.verifier.runner.commit`).
+
+    A verify row accepts ``accept(drafts)`` of its drafts and adds one token of its own (a random id); a prefill
+    row only advances its cache. The step's hold is the same for any number of rows.
     """
 
+    device = torch.device("cpu")  # nothing is computed: a sampled completion's random stream lives here
+
     def __init__(self, hold_seconds: float, accept: Acceptance, vocab_size: int, seed: int, run: TargetRun) -> None:
-        # No model and no key/value pool: the base class's constructor is not called.
         self.hold_seconds = hold_seconds
         self.accept = accept
         self.vocab_size = vocab_size
         self.rng = random.Random(seed ^ 0x5EED)
         self.run = run
         self.exchange = _Exchange()
-        self.wire_seconds = 0.0  # the part of the hold that emulates the wire (not verify time)
-        self._late = 0.0  # how much earlier than wanted to wake (learned)
+        self.hold = Hold()
 
     def new_session(self, prompt: list[int]) -> TargetSession:
         if not prompt:
@@ -149,36 +170,19 @@ class EmulatedTargetRunner(TargetRunner):
     def release(self, session: TargetSession) -> None:
         session.slot = None
 
-    def _hold(self, seconds: float) -> float:
-        """Hold ``seconds`` on average despite late wake-ups; returns the time actually held."""
-        start = time.perf_counter()
-        time.sleep(max(0.0, seconds - self._late))
-        actual = time.perf_counter() - start
-        # Learn the timer's systematic lateness only: a stall of the whole process (another job took the
-        # CPU) is clipped, so it shows in the measurements instead of being repaid by short holds later.
-        error = min(max(actual - seconds, -_MAX_CORRECTION), _MAX_CORRECTION)
-        self._late = min(max(0.0, self._late + 0.2 * error), seconds)
-        return actual
-
     def step(self, rows: list[StepRow]) -> list[RowOutcome]:
         outcomes = []
         for row in rows:
-            session = row.session
             if not row.verify:
-                session.cached_len += row.prefill
                 outcomes.append(RowOutcome(0, []))
                 continue
             accepted = self.accept(len(row.drafts)) if row.drafts else 0
             outcomes.append(RowOutcome(accepted, [*row.drafts[:accepted], self.rng.randrange(self.vocab_size)]))
-        held = self._hold(self.hold_seconds)
+        held = self.hold(self.hold_seconds)
         committed = time.perf_counter()
         for row, outcome in zip(rows, outcomes, strict=True):
-            if not row.verify:
-                continue
-            session = row.session
-            session.cached_len = len(session.committed) + outcome.accepted
-            session.committed.extend(outcome.tokens)
-            if row.drafts:
+            commit(row, outcome)
+            if row.verify and row.drafts:
                 ex = self.exchange
                 tokens, sizes = len(outcome.tokens), (ex.request_bytes, ex.response_bytes)
                 self.run.rounds.append(
@@ -189,18 +193,21 @@ class EmulatedTargetRunner(TargetRunner):
         return outcomes
 
 
+def own_connection(address: str) -> grpc.aio.Channel:
+    """A channel with a subchannel pool of its own: each emulated target gets its own TCP connection, like a
+    separate node."""
+    return grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
 class RecordingDraftClient(DraftClient):
     """The real draft client, on a connection of its own (as a separate node has), noting each exchange's times."""
 
     def __init__(self, address: str, target_id: str, info: pb.InfoResponse, spec: TargetSpec) -> None:
         options = DraftClientOptions(deadline=spec.timeout, cooldown_rounds=0)
-        super().__init__(address, target_id, info.vocab_fingerprint, int(info.vocab_size), options)
+        fingerprint, vocab_size = info.vocab_fingerprint, int(info.vocab_size)
+        super().__init__(address, target_id, fingerprint, vocab_size, options, channel=own_connection)
         self.exchange = _Exchange()
         self.wire_seconds = spec.wire_seconds
-
-    def _channel(self) -> grpc.aio.Channel:
-        # A subchannel pool of its own: each emulated target gets its own TCP connection, like a separate node.
-        return grpc.aio.insecure_channel(self.address, options=[("grpc.use_local_subchannel_pool", 1)])
 
     def send(self, req: pb.ProposeRequest) -> asyncio.Future[pb.ProposeResponse | None] | None:
         if not req.release:

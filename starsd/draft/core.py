@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from starsd import defaults
+from starsd import proposal_codec as codec
 from starsd.draft.buffer import RequestBuffer
 from starsd.draft.load import LoadTracker
 from starsd.draft.metrics import DraftMetrics
@@ -54,7 +55,27 @@ class Stream:
     closing: bool = False
 
     def send(self, response: pb.ProposeResponse) -> None:
+        """Answer a request that was never queued (an error found on admission)."""
         self.outgoing.put_nowait(response)
+
+    def answer(self, response: pb.ProposeResponse) -> None:
+        """Answer a queued request; the stream ends after the last answer owed once its input has ended."""
+        self.pending -= 1
+        self.outgoing.put_nowait(response)
+        self._end_if_done()
+
+    def input_ended(self, aborted: bool = False) -> None:
+        """The target sent its last request (or the stream is aborted: it ends at once, owing nothing)."""
+        self.closing = True
+        if aborted:
+            self.outgoing.put_nowait(None)
+        else:
+            self._end_if_done()
+
+    def _end_if_done(self) -> None:
+        """The end-of-stream rule: the input has ended and nothing is owed."""
+        if self.closing and self.pending == 0:
+            self.outgoing.put_nowait(None)
 
 
 @dataclass(eq=False)
@@ -282,11 +303,7 @@ class DraftCore:
             self.metrics.service_seconds.observe(per_request)
             work.session.last_draft_seconds = end - work.enqueued
             work.session.busy = False
-            stream = work.stream
-            stream.pending -= 1
-            stream.send(response)
-            if stream.closing and stream.pending == 0:
-                stream.outgoing.put_nowait(None)
+            work.stream.answer(response)
         self.metrics.queue_depth.set(len(self.buffer))
 
 
@@ -301,18 +318,7 @@ def _error_response(req: pb.ProposeRequest, err: SessionError) -> pb.ProposeResp
 
 
 def _proposal_response(req: pb.ProposeRequest, proposal: Proposal, service: float) -> pb.ProposeResponse:
-    response = pb.ProposeResponse(
-        target_id=req.target_id,
-        session_id=req.session_id,
-        seq=req.seq,
-        token_ids=proposal.token_ids,
-        service_seconds=service,
+    header = pb.ProposeResponse(
+        target_id=req.target_id, session_id=req.session_id, seq=req.seq, service_seconds=service
     )
-    if proposal.q_ids:
-        k = max(len(ids) for ids in proposal.q_ids)
-        response.top_k = k
-        for ids, probs in zip(proposal.q_ids, proposal.q_probs, strict=True):
-            pad = k - len(ids)
-            response.q_ids.extend([*ids, *([-1] * pad)])
-            response.q_probs.extend([*probs, *([0.0] * pad)])
-    return response
+    return codec.encode(proposal, header)

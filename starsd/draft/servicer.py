@@ -49,9 +49,7 @@ class DraftServicer(pb_grpc.DraftServicer):
             except (asyncio.CancelledError, grpc.aio.AioRpcError):
                 pass
             finally:
-                stream.closing = True
-                if stream.pending == 0 or aborted:
-                    stream.outgoing.put_nowait(None)
+                stream.input_ended(aborted=bool(aborted))
 
         reader = asyncio.create_task(read())
         try:

@@ -1,8 +1,9 @@
-"""The target's side of the star: one long-lived stream to the draft, with reconnection and deadlines.
+"""The target's side of the star: one long-lived stream to a draft, chosen among several, with reconnection.
 
 The client never makes a completion wait for the draft longer than its deadline: when the draft is down,
-slow, or answers with an error, :meth:`DraftLink.propose` returns ``None`` and the caller decodes the round
-on its own (a fallback token). A reconnect loop with capped exponential backoff brings the draft back.
+slow, or answers with an error, :meth:`starsd.verifier.draft_link.DraftLink.propose` returns ``None`` and the
+caller decodes the round on its own (a fallback token). A reconnect loop with capped exponential backoff brings
+the draft back; the stream itself is :class:`starsd.verifier.draft_stream.DraftStream`.
 """
 
 from __future__ import annotations
@@ -11,28 +12,33 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import math
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
 from starsd import defaults
-from starsd.adaptive import AcceptanceEstimate, choose_gamma, ewma
 from starsd.proto import starsd_pb2 as pb
 from starsd.proto import starsd_pb2_grpc as pb_grpc
-from starsd.sampling import SamplingParams
 from starsd.verifier.discovery import DraftDiscovery
-from starsd.verifier.draft_pool import PROBE_SECONDS, DraftPolicy, Reason, has_room
+from starsd.verifier.draft_pool import PROBE_SECONDS, DraftPolicy, Reason
+from starsd.verifier.draft_stream import (
+    ChannelFactory,
+    DraftStream,
+    NoRoom,
+    VocabularyMismatch,
+    channel_factory,
+    check_draft_info,
+    open_stream,
+)
+
+# The client's whole interface; the vocabulary check is the stream's (draft_stream.py), named here for callers.
+__all__ = ["Demand", "DraftClient", "DraftClientOptions", "VocabularyMismatch", "check_draft_info"]
 
 log = logging.getLogger(__name__)
-
-
-class VocabularyMismatch(RuntimeError):
-    """The draft serves another vocabulary: its proposals would be meaningless to this target."""
 
 
 @dataclass(frozen=True)
@@ -56,44 +62,11 @@ class DraftClientOptions:
     probe_interval: float = PROBE_SECONDS  # seconds between probes of the first-choice draft while away from it
 
 
-def check_draft_info(info: pb.InfoResponse, fingerprint: str, vocab_size: int) -> None:
-    if info.vocab_fingerprint != fingerprint or info.vocab_size != vocab_size:
-        raise VocabularyMismatch(
-            f"the draft model {info.model_name!r} does not share this target's vocabulary "
-            f"(draft: {info.vocab_size} ids, fingerprint {info.vocab_fingerprint}; "
-            f"target: {vocab_size} ids, fingerprint {fingerprint}); use a draft trained with the same tokenizer"
-        )
-
-
 _MOVE_WHY = {
     Reason.DRAFT_LOST: "the draft was lost",
     Reason.FIRST_CHOICE_BACK: "the first choice is back and has room",
     Reason.DRAFTS_CHANGED: "the drafts found changed",
 }
-
-
-class NoRoom(RuntimeError):
-    """The first-choice draft answered a probe but reports no room for another target."""
-
-
-@dataclass
-class _Stream:
-    """One open Propose stream to one draft, with the answers it still owes."""
-
-    rank: int
-    address: str
-    model_name: str
-    channel: grpc.aio.Channel
-    queue: asyncio.Queue[pb.ProposeRequest | None]
-    call: AsyncIterator[pb.ProposeResponse]
-    pending: dict[tuple[int, int], asyncio.Future[pb.ProposeResponse | None]] = field(default_factory=dict)
-
-    def fail_pending(self) -> None:
-        """Answer every request still owed with None (the rounds decode alone)."""
-        for future in self.pending.values():
-            if not future.done():
-                future.set_result(None)
-        self.pending.clear()
 
 
 class DraftClient:
@@ -117,7 +90,9 @@ class DraftClient:
         options: DraftClientOptions,
         *,
         discovery: DraftDiscovery | None = None,
+        channel: ChannelFactory | None = None,
     ) -> None:
+        """``channel`` opens the channel to a draft's address (default: keepalive, TLS with ``options.tls_ca``)."""
         self.discovery = discovery
         if discovery is not None:
             order = discovery.order
@@ -132,12 +107,12 @@ class DraftClient:
         self.vocab_size = vocab_size
         self.options = options
         # Read once here (a bad path fails at start, not at some later reconnect outside any handler).
-        self._root_certificates = options.tls_ca.read_bytes() if options.tls_ca else None
+        self._new_channel = channel or channel_factory(options.tls_ca.read_bytes() if options.tls_ca else None)
         self.connected = False
         self.generation = 0  # bumped on every new stream: sessions of an older one are gone on the draft
         self.last_error = ""
         self.incompatible = False  # no draft shares the vocabulary: retrying cannot help until one changes
-        self._stream: _Stream | None = None
+        self._stream: DraftStream | None = None
         self._retiring: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
         self._discovering: asyncio.Task[None] | None = None
@@ -145,6 +120,7 @@ class DraftClient:
         self._session_ids = itertools.count(int.from_bytes(os.urandom(4), "big") << 20 | 1)
         self.demand: Callable[[], Demand] = Demand  # the engine sets its own reader
         self.on_switch: Callable[[Reason], None] = lambda reason: None  # the engine counts moves in its metrics
+        self.on_malformed: Callable[[], None] = lambda: None  # an answer failed validation (the engine counts it)
 
     @property
     def addresses(self) -> tuple[str, ...]:
@@ -167,23 +143,9 @@ class DraftClient:
         """Why the last lookup of the drafts failed ("" when it succeeded, or for a static list)."""
         return self.discovery.error if self.discovery is not None else ""
 
-    def _channel(self) -> grpc.aio.Channel:
-        """A channel to :attr:`address` (a subclass may open its own kind)."""
-        return self._channel_to(self.address)
-
-    def _channel_to(self, address: str) -> grpc.aio.Channel:
-        options = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
-        if self._root_certificates is not None:
-            creds = grpc.ssl_channel_credentials(root_certificates=self._root_certificates)
-            return grpc.aio.secure_channel(address, creds, options=options)
-        return grpc.aio.insecure_channel(address, options=options)
-
-    def _open_channel(self, address: str) -> grpc.aio.Channel:
-        return self._channel() if address == self.address else self._channel_to(address)
-
     async def fetch_info(self, timeout: float, address: str | None = None) -> pb.InfoResponse:
         """The Info answer of ``address`` (default: :attr:`address`)."""
-        async with self._open_channel(address or self.address) as channel:
+        async with self._new_channel(address or self.address) as channel:
             info: pb.InfoResponse = await pb_grpc.DraftStub(channel).Info(pb.InfoRequest(), timeout=timeout)
             return info
 
@@ -222,28 +184,13 @@ class DraftClient:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._drafts_changed.wait(), seconds)
 
-    async def _open(self, rank: int, need_room: bool = False) -> _Stream:
-        """A new stream to draft ``rank``, after its vocabulary check (and, when moving back, its room check).
-        Raises grpc.aio.AioRpcError, VocabularyMismatch or NoRoom."""
+    async def _open(self, rank: int, need_room: bool = False) -> DraftStream:
+        """A new stream to draft ``rank`` (see :func:`starsd.verifier.draft_stream.open_stream`)."""
         address = self.policy.order[rank]
-        channel = self._open_channel(address)
-        try:
-            stub = pb_grpc.DraftStub(channel)
-            info = await stub.Info(pb.InfoRequest(), timeout=self.options.connect_timeout)
-            check_draft_info(info, self.fingerprint, self.vocab_size)
-            if need_room and not has_room(info):
-                raise NoRoom(
-                    f"the draft at {address} has no room (utilization {info.utilization:.2f}, "
-                    f"{info.sessions} of {info.max_sessions} sessions)"
-                )
-            queue: asyncio.Queue[pb.ProposeRequest | None] = asyncio.Queue()
-            call = stub.Propose(self._requests(queue))
-            return _Stream(rank, address, info.model_name, channel, queue, call)
-        except BaseException:
-            await channel.close(grace=None)
-            raise
+        channel, timeout = self._new_channel(address), self.options.connect_timeout
+        return await open_stream(channel, rank, address, self.fingerprint, self.vocab_size, timeout, need_room)
 
-    async def _connect(self) -> _Stream | None:
+    async def _connect(self) -> DraftStream | None:
         """Try the drafts the policy lists, in order; the first that answers with the same vocabulary."""
         mismatched = tried = 0
         for rank in self.policy.attempts():
@@ -263,7 +210,7 @@ class DraftClient:
         self.incompatible = tried > 0 and mismatched == tried
         return None
 
-    def _use(self, stream: _Stream) -> None:
+    def _use(self, stream: DraftStream) -> None:
         """Send every request on ``stream`` from now on (sessions start afresh there: a new generation)."""
         previous = self.policy.describe(self.policy.last)
         reason = self.policy.connected(stream.rank, time.monotonic())
@@ -306,8 +253,8 @@ class DraftClient:
     async def _serve(self) -> None:
         """Read the stream in use until it ends; meanwhile probe the first choice and move back to it."""
         assert self._stream is not None
-        reader = asyncio.create_task(self._read(self._stream), name="draft-stream")
-        probe: asyncio.Task[_Stream | None] | None = None
+        reader = asyncio.create_task(self._stream.read(), name="draft-stream")
+        probe: asyncio.Task[DraftStream | None] | None = None
         try:
             while True:
                 self._take_drafts()
@@ -338,7 +285,7 @@ class DraftClient:
                 if better is not None and not reader.done():
                     old, old_reader = self._stream, reader
                     self._use(better)
-                    reader = asyncio.create_task(self._read(better), name="draft-stream")
+                    reader = asyncio.create_task(better.read(), name="draft-stream")
                     self._retire(old, old_reader)
                 elif better is not None:  # the stream in use ended meanwhile: the next loop notices
                     self._retire(better, None)
@@ -350,12 +297,10 @@ class DraftClient:
                 with contextlib.suppress(asyncio.CancelledError):
                     await reader
             if self._stream is not None:
-                self._stream.queue.put_nowait(None)
-                self._stream.fail_pending()
-                await self._stream.channel.close(grace=None)
+                await self._stream.close()
             self.connected = False
 
-    async def _escape(self) -> _Stream | None:
+    async def _escape(self) -> DraftStream | None:
         """The draft in use left the drafts found: a new stream to the best listed draft that answers (the old
         stream keeps serving meanwhile, and until one does)."""
         for rank in self.policy.attempts():
@@ -369,7 +314,7 @@ class DraftClient:
         self.policy.escaped(time.monotonic(), found=False)
         return None
 
-    async def _probe(self) -> _Stream | None:
+    async def _probe(self) -> DraftStream | None:
         """Ask the first choice whether it is back with room; a new stream to it if so."""
         try:
             stream = await self._open(0, need_room=True)
@@ -383,7 +328,7 @@ class DraftClient:
         self._retire(stream, None)
         return None
 
-    def _retire(self, stream: _Stream, reader: asyncio.Task[str] | None) -> None:
+    def _retire(self, stream: DraftStream, reader: asyncio.Task[str] | None) -> None:
         """Close a stream no longer used, after it answered what it owes (so no round in flight is lost)."""
 
         async def retire() -> None:
@@ -402,187 +347,13 @@ class DraftClient:
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
-    async def _read(self, stream: _Stream) -> str:
-        """Deliver the stream's answers to their rounds; returns why the stream ended."""
-        try:
-            async for response in stream.call:
-                future = stream.pending.pop((response.session_id, response.seq), None)
-                if future is not None and not future.done():
-                    future.set_result(response)
-            return "the draft closed the stream"
-        except grpc.aio.AioRpcError as exc:
-            return f"{exc.code().name}: {exc.details()}"
-        except Exception as exc:  # the connection loop must outlive any stream
-            log.exception("the stream to the draft at %s failed", stream.address)
-            return f"{type(exc).__name__}: {exc}"
-        finally:
-            stream.fail_pending()
-
-    @staticmethod
-    async def _requests(queue: asyncio.Queue[pb.ProposeRequest | None]) -> AsyncIterator[pb.ProposeRequest]:
-        while True:
-            req = await queue.get()
-            if req is None:
-                return
-            req.following = queue.qsize()  # the rest of this burst, already queued (see the proto)
-            yield req
-
     def send(self, req: pb.ProposeRequest) -> asyncio.Future[pb.ProposeResponse | None] | None:
         """Queue a request on the live stream; the future resolves with its answer (None if the stream dies)."""
         stream = self._stream
         if not self.connected or stream is None:
             return None
-        future: asyncio.Future[pb.ProposeResponse | None] = asyncio.get_running_loop().create_future()
-        if req.release:
-            future.set_result(None)
-        else:
-            stream.pending[(req.session_id, req.seq)] = future
-        stream.queue.put_nowait(req)
-        return future
+        return stream.put(req)
 
     def forget(self, session_id: int, seq: int) -> None:
         if self._stream is not None:
             self._stream.pending.pop((session_id, seq), None)
-
-
-def proposal_fault(response: pb.ProposeResponse, gamma: int, vocab_size: int, sampled: bool) -> str | None:
-    """What is wrong with a draft's answer, or None if it can be verified (a faulty one is decoded alone)."""
-    ids = list(response.token_ids)
-    if len(ids) > gamma:
-        return f"{len(ids)} tokens proposed, {gamma} asked for"
-    if any(not 0 <= t < vocab_size for t in ids):
-        return f"a proposed token id is outside 0..{vocab_size - 1}"
-    if not sampled or not ids:
-        return None
-    k = response.top_k
-    if k < 1 or len(response.q_ids) != k * len(ids) or len(response.q_probs) != k * len(ids):
-        return f"a sampled proposal needs top_k >= 1 and top_k entries per token (top_k {k}, {len(ids)} tokens)"
-    for i, d in enumerate(ids):
-        support = response.q_ids[i * k : (i + 1) * k]
-        probs = response.q_probs[i * k : (i + 1) * k]
-        if any(not (math.isfinite(q) and q >= 0.0) for q in probs) or abs(sum(probs) - 1.0) > 1e-3:
-            return f"the proposal distribution at position {i + 1} is not a probability distribution"
-        real = [t for t in support if t >= 0]
-        if any(t >= vocab_size for t in real) or len(set(real)) != len(real):
-            return f"the support at position {i + 1} holds an id outside the vocabulary or twice"
-        if any(t < 0 and q != 0.0 for t, q in zip(support, probs, strict=True)):
-            return f"padding at position {i + 1} carries probability"
-        if not any(t == d and q > 0.0 for t, q in zip(support, probs, strict=True)):
-            return f"token {d} at position {i + 1} has no probability in the distribution it was drawn from"
-    return None
-
-
-@dataclass
-class DraftProposal:
-    token_ids: list[int]
-    q_ids: list[list[int]]  # per position, the support of the distribution it was drawn from (sampled only)
-    q_probs: list[list[float]]
-
-
-class DraftLink:
-    """One completion's session on the draft: what it has told the draft, and its sequence numbers."""
-
-    def __init__(self, client: DraftClient, params: SamplingParams, seed: int) -> None:
-        self.client = client
-        self.params = params
-        self.seed = seed
-        self.session_id = 0
-        self.seq = 0
-        self.synced = 0  # committed tokens the draft already knows
-        self.generation = -1
-        self.cooldown = 0
-        self.malformed = False  # the last answer failed validation (the caller counts it, then clears this)
-        self.rtt = 0.0
-        # What adaptive gamma needs: this session's acceptance and the draft's measured costs.
-        self.acceptance = AcceptanceEstimate()
-        self.token_time = 0.0  # draft seconds per proposed token
-        self.transfer_time = float("nan")  # one-way transfer and protocol overhead (mean, queueing excluded)
-        self.draft_sessions = 1
-
-    def _reset(self) -> None:
-        self.session_id, self.seq, self.synced = 0, 0, 0
-
-    async def propose(self, committed: list[int], gamma: int, verify_seconds: float) -> DraftProposal | None:
-        client = self.client
-        if self.cooldown > 0:
-            self.cooldown -= 1
-            return None
-        if not client.connected:
-            return None
-        if self.generation != client.generation:  # a new stream: the draft lost this session
-            self._reset()
-            self.generation = client.generation
-        if self.session_id == 0:
-            self.session_id = client.new_session_id()
-        self.seq += 1
-        req = pb.ProposeRequest(
-            target_id=client.target_id,
-            session_id=self.session_id,
-            seq=self.seq,
-            tokens=committed[self.synced :],
-            gamma=gamma,
-            sample=not self.params.greedy,
-            temperature=0.0 if self.params.greedy else self.params.temperature,
-            top_p=self.params.top_p,
-            top_k=client.options.top_k,
-            seed=self.seed,
-            verify_seconds=verify_seconds,
-            rtt_seconds=self.rtt,
-        )
-        demand = client.demand()
-        req.running_requests, req.waiting_requests, req.occupancy = demand.running, demand.waiting, demand.occupancy
-        sent = time.perf_counter()
-        future = client.send(req)
-        if future is None:
-            return None
-        try:
-            response = await asyncio.wait_for(future, client.options.deadline)
-        except TimeoutError:
-            # The draft may yet process this request: its view of the session is unknown, so drop the session.
-            client.forget(self.session_id, self.seq)
-            self.release()
-            self.cooldown = client.options.cooldown_rounds
-            return None
-        if response is None:
-            self._reset()
-            return None
-        self.rtt = time.perf_counter() - sent
-        if response.error_code:
-            log.warning("draft refused session %d seq %d: %s", self.session_id, self.seq, response.error_message)
-            self.release()
-            return None
-        fault = proposal_fault(response, gamma, client.vocab_size, sampled=not self.params.greedy)
-        if fault is not None:
-            log.warning("malformed draft answer for session %d seq %d: %s", self.session_id, self.seq, fault)
-            self.malformed = True
-            self.release()
-            return None
-        self.synced = len(committed)
-        if response.token_ids:
-            self.token_time = response.service_seconds / len(response.token_ids)
-        self.transfer_time = ewma(
-            self.transfer_time, max(0.0, (self.rtt - response.service_seconds - response.queue_seconds) / 2)
-        )
-        self.draft_sessions = max(1, response.draft_sessions)
-        k = response.top_k
-        q_ids = [list(response.q_ids[i * k : (i + 1) * k]) for i in range(len(response.token_ids))] if k else []
-        q_probs = [list(response.q_probs[i * k : (i + 1) * k]) for i in range(len(response.token_ids))] if k else []
-        return DraftProposal(list(response.token_ids), q_ids, q_probs)
-
-    def next_gamma(self, max_gamma: int, verify_seconds: float) -> int:
-        """Adaptive gamma for the next round, from this session's measurements (see starsd.adaptive)."""
-        tc = 0.0 if math.isnan(self.transfer_time) else self.transfer_time
-        return choose_gamma(self.acceptance.alpha, self.token_time, verify_seconds, tc, self.draft_sessions, max_gamma)
-
-    def release(self) -> None:
-        """Free this session on the draft (fire and forget) and start afresh next time."""
-        if self.session_id and self.generation == self.client.generation:
-            self.client.send(
-                pb.ProposeRequest(
-                    target_id=self.client.target_id,
-                    session_id=self.session_id,
-                    seq=self.seq + 1,
-                    release=True,
-                )
-            )
-        self._reset()

@@ -7,6 +7,7 @@ wait for their drafts: one completion's verification overlaps other completions'
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -17,14 +18,17 @@ import torch
 
 from starsd import defaults
 from starsd.checkpoints import LoadedModel
+from starsd.proposals import Proposal
 from starsd.sampling import SamplingParams, target_generator
 from starsd.seeding import request_seed
-from starsd.verifier.draft_client import Demand, DraftClient, DraftLink, DraftProposal
+from starsd.verifier.draft_client import Demand, DraftClient
+from starsd.verifier.draft_link import DraftLink
 from starsd.verifier.memory import DEFAULT_GPU_MEMORY_FRACTION, kv_budget_tokens
 from starsd.verifier.metrics import TargetMetrics
 from starsd.verifier.processing import LogitRules, PenaltyCounts, round_processor
 from starsd.verifier.runner import RowOutcome, StepRow, TargetRunner, TargetSession, TokenLogprobs
 from starsd.verifier.scheduler import KvBudget, StepScheduler
+from starsd.verifier.step_runner import StepRunner
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,25 @@ class BatchOptions:
     max_num_seqs: int = defaults.MAX_NUM_SEQS  # sessions in one step, and completions running at once
     kv_cache_tokens: int | None = None  # key/value tokens reserved at most; None: see kv_budget_tokens
     max_prefill_tokens: int = defaults.MAX_PREFILL_TOKENS  # prompt tokens fed per session and step (then chunks)
+
+
+@dataclass(frozen=True)
+class RoundEnd:
+    """What of a round's tokens the completion keeps (see :func:`round_outcome`)."""
+
+    tokens: list[int]  # the tokens the completion keeps (an end token excluded)
+    keep: int  # the round's tokens that count: through the end token or the stop sequence, else all
+    stopped: bool  # an end token or a stop sequence ended the completion
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    """One round's counts, as the completion's ``starsd`` object and the metrics take them."""
+
+    drafted: int  # drafts verified and counted (drafts past an end are not, see kept_counts)
+    accepted: int
+    fallback: int  # tokens decoded without a draft where one was wanted
+    generated: int  # tokens the completion keeps
 
 
 @dataclass
@@ -55,6 +78,21 @@ class GenerationStats:
             "accepted_tokens": self.accepted_tokens,
             "fallback_tokens": self.fallback_tokens,
         }
+
+    def add(self, counts: RoundStats, end: RoundEnd, logprobs: list[TokenLogprobs] | None, now: float) -> None:
+        """Take one round (committed at ``now``, a perf_counter() time)."""
+        self.rounds += 1
+        self.drafted_tokens += counts.drafted
+        self.accepted_tokens += counts.accepted
+        self.fallback_tokens += counts.fallback
+        self.generated_tokens += counts.generated
+        self.token_ids.extend(end.tokens)
+        if logprobs is not None:
+            self.logprobs.extend(logprobs[: len(end.tokens)])
+        if end.tokens and self.first_token_at is None:
+            self.first_token_at = now
+        if end.stopped:
+            self.finish_reason = "stop"
 
 
 # Given the tokens generated before a round and the round's tokens, how many of the round's tokens to keep
@@ -117,6 +155,40 @@ def first_end(tokens: list[int], end_ids: tuple[int, ...]) -> int | None:
     return next((i for i, t in enumerate(tokens) if t in end_ids), None)
 
 
+def round_outcome(tokens: list[int], ends: tuple[int, ...], stop: Callable[[list[int]], int | None] | None) -> RoundEnd:
+    """What a completion keeps of a round's ``tokens``: up to the first end token (excluded), then up to where a
+    stop sequence ends (``stop(tokens)``: how many tokens to keep, None if no stop sequence ends within them)."""
+    keep, stopped = len(tokens), False
+    end = first_end(tokens, ends)
+    if end is not None:
+        keep, tokens, stopped = end + 1, tokens[:end], True
+    cut = stop(tokens) if stop is not None and tokens else None
+    if cut is not None:
+        keep, tokens, stopped = cut, tokens[:cut], True
+    return RoundEnd(tokens, keep, stopped)
+
+
+def round_stats(outcome: RowOutcome, drafted: int, end: RoundEnd, fell_back: bool) -> RoundStats:
+    """The counts of a round that verified ``drafted`` drafts (``fell_back``: it wanted a draft and had none)."""
+    drafted, accepted = kept_counts(outcome, drafted, end.keep)
+    return RoundStats(drafted, accepted, len(end.tokens) if fell_back else 0, len(end.tokens))
+
+
+@dataclass
+class _Completion:
+    """What stays fixed through one completion's rounds."""
+
+    prompt: list[int]
+    session: TargetSession
+    params: SamplingParams
+    generator: torch.Generator | None
+    link: DraftLink | None
+    controls: RequestControls
+    rules: LogitRules
+    ends: tuple[int, ...]
+    penalty: PenaltyCounts | None
+
+
 @dataclass
 class TargetEngine:
     loaded: LoadedModel
@@ -125,14 +197,14 @@ class TargetEngine:
     adaptive_gamma: bool = False
     metrics: TargetMetrics = field(default_factory=TargetMetrics)
     batching: BatchOptions = field(default_factory=BatchOptions)
-    step_runner: TargetRunner | None = None  # runs the model steps; None: a TargetRunner on ``loaded``
+    step_runner: StepRunner | None = None  # runs the model steps; None: a TargetRunner on ``loaded``
     cuda_graphs: str = "auto"  # that TargetRunner's --cuda-graphs (see starsd.cuda_graphs)
 
     def __post_init__(self) -> None:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="target-model")
         b = self.batching
         kv_tokens = b.kv_cache_tokens or kv_budget_tokens(self.loaded, b.max_num_seqs, DEFAULT_GPU_MEMORY_FRACTION)
-        self.runner = self.step_runner or TargetRunner(self.loaded, kv_tokens, self.cuda_graphs)
+        self.runner: StepRunner = self.step_runner or TargetRunner(self.loaded, kv_tokens, self.cuda_graphs)
         self.budget = KvBudget(b.max_num_seqs, kv_tokens)
         step_tokens = b.max_prefill_tokens + b.max_num_seqs * (self.gamma + 1)
         self.scheduler: StepScheduler[StepRow, RowOutcome] = StepScheduler(
@@ -142,6 +214,7 @@ class TargetEngine:
         if self.draft is not None:
             self.draft.demand = self.demand
             self.draft.on_switch = self.metrics.draft_switched
+            self.draft.on_malformed = self.metrics.malformed_proposals.inc
 
     def demand(self) -> Demand:
         """Running and waiting completions and the batch's occupancy, as reported to the draft."""
@@ -162,20 +235,57 @@ class TargetEngine:
         self.metrics.running.set(self.budget.running)
         self.metrics.waiting.set(self.budget.waiting)
 
+    def _start(self, prompt: list[int], params: SamplingParams, controls: RequestControls) -> _Completion:
+        """A completion's session on the model and on the draft, its random stream and its logit rules."""
+        session = self.runner.new_session(prompt)
+        seed = request_seed(params.seed)
+        generator = None if params.greedy else target_generator(seed, self.runner.device)
+        link = DraftLink(self.draft, params, seed) if self.draft else None
+        eos = self.loaded.eos_token_id
+        rules = controls.rules(eos)
+        penalty = PenaltyCounts(prompt, self.runner.vocab_size, self.runner.device) if rules.penalised else None
+        return _Completion(prompt, session, params, generator, link, controls, rules, controls.end_ids(eos), penalty)
+
+    def _gamma(self, link: DraftLink | None, remaining: int) -> int:
+        """Drafts to ask for this round (a round commits up to gamma + 1 tokens)."""
+        gamma = self.gamma
+        if self.adaptive_gamma and link is not None:
+            gamma = link.next_gamma(self.gamma, self.step_seconds)
+        return min(gamma, remaining - 1)
+
+    async def _propose(self, c: _Completion, gamma: int, cohort: int) -> Proposal | None:
+        """The draft's proposal for this round, or None (no draft, none wanted, or none in time)."""
+        if c.link is None or gamma <= 0:
+            return None
+        sent = time.perf_counter()
+        with self.scheduler.expect(cohort):  # this session's step-mates wait a little for its row
+            proposal = await c.link.propose(c.session.committed, gamma, self.step_seconds)
+        if proposal is not None:
+            self.metrics.draft_rtt_seconds.observe(time.perf_counter() - sent)
+        return proposal
+
     @staticmethod
-    def _row(
-        session: TargetSession,
-        proposal: DraftProposal | None,
-        gamma: int,
-        params: SamplingParams,
-        generator: torch.Generator | None,
-    ) -> StepRow:
+    def _row(c: _Completion, proposal: Proposal | None, gamma: int, generated: list[int]) -> StepRow:
         """A verification row: the proposal's first ``gamma`` drafts, or none (the round decodes alone)."""
         if proposal is None:
-            return StepRow(session, [], params, generator)
-        drafts = proposal.token_ids[:gamma]
-        n = len(drafts)
-        return StepRow(session, drafts, params, generator, q_ids=proposal.q_ids[:n], q_probs=proposal.q_probs[:n])
+            row = StepRow(c.session, [], c.params, c.generator)
+        else:
+            drafts = proposal.token_ids[:gamma]
+            n = len(drafts)
+            q_ids, q_probs = proposal.q_ids[:n], proposal.q_probs[:n]
+            row = StepRow(c.session, drafts, c.params, c.generator, q_ids=q_ids, q_probs=q_probs)
+        row.process = round_processor(c.rules, c.prompt, generated, row.drafts, c.penalty)
+        row.logprobs = c.controls.logprobs
+        return row
+
+    def _count(self, counts: RoundStats) -> None:
+        m = self.metrics
+        m.rounds.inc()
+        m.draft_tokens.inc(counts.drafted)
+        m.accepted_tokens.inc(counts.accepted)
+        m.round(counts.drafted, counts.accepted)
+        m.fallback_tokens.inc(counts.fallback)
+        m.generated_tokens.inc(counts.generated)
 
     async def generate(
         self,
@@ -184,11 +294,10 @@ class TargetEngine:
         params: SamplingParams,
         stats: GenerationStats,
         stop: StopCheck | None = None,
-        ignore_eos: bool = False,
         controls: RequestControls | None = None,
     ) -> AsyncGenerator[list[int], None]:
         """Yield the tokens committed by each round (EOS excluded) until ``max_tokens``, EOS or a stop sequence
-        (with ``ignore_eos``, EOS is a token like any other; ``controls`` adds vLLM's extras and logprobs).
+        (``controls``: vLLM's extras, ignore_eos among them, and logprobs; none by default).
 
         Raises :class:`starsd.verifier.scheduler.BudgetExceeded` before anything runs if the completion can never
         fit this target's key/value budget.
@@ -196,86 +305,37 @@ class TargetEngine:
         reserved = self.reservation(len(prompt), max_tokens)
         await self.budget.acquire(reserved)
         self.metrics.running.set(self.budget.running)
-        link = None
-        session = None
+        c = None
         try:
-            session = self.runner.new_session(prompt)
-            seed = request_seed(params.seed)
-            generator = None if params.greedy else target_generator(seed, self.loaded.device)
-            link = DraftLink(self.draft, params, seed) if self.draft else None
-            if controls is None:
-                controls = RequestControls(ignore_eos=ignore_eos)
-            ends = controls.end_ids(self.loaded.eos_token_id)
-            rules = controls.rules(self.loaded.eos_token_id)
-            penalty = PenaltyCounts(prompt, self.loaded.vocab_size, self.loaded.device) if rules.penalised else None
+            c = self._start(prompt, params, controls or RequestControls())
             chunk = self.batching.max_prefill_tokens
+            while c.session.uncached > chunk:  # a long prompt: all but its last chunk, a chunk per step
+                await self.scheduler.run(StepRow(c.session, prefill=chunk), cost=chunk)
             cohort = -1  # no step yet: nobody waits for this session's first row
-            while session.uncached > chunk:  # a long prompt: all but its last chunk, a chunk per step
-                await self.scheduler.run(StepRow(session, prefill=chunk), cost=chunk)
             while stats.generated_tokens < max_tokens:
-                remaining = max_tokens - stats.generated_tokens
-                gamma = self.gamma
-                if self.adaptive_gamma and link is not None:
-                    gamma = link.next_gamma(self.gamma, self.step_seconds)
-                gamma = min(gamma, remaining - 1)  # a round commits up to gamma + 1 tokens
-                proposal = None
-                if link is not None and gamma > 0:
-                    sent = time.perf_counter()
-                    with self.scheduler.expect(cohort):  # this session's step-mates wait a little for its row
-                        proposal = await link.propose(session.committed, gamma, self.step_seconds)
-                    if proposal is not None:
-                        self.metrics.draft_rtt_seconds.observe(time.perf_counter() - sent)
-                    elif link.malformed:
-                        self.metrics.malformed_proposals.inc()
-                        link.malformed = False
-                row = self._row(session, proposal, gamma, params, generator)
-                row.process = round_processor(rules, prompt, stats.token_ids, row.drafts, penalty)
-                row.logprobs = controls.logprobs
-                outcome = await self.scheduler.run(row, cost=session.uncached + len(row.drafts), cohort=cohort)
+                gamma = self._gamma(c.link, max_tokens - stats.generated_tokens)
+                proposal = await self._propose(c, gamma, cohort)
+                row = self._row(c, proposal, gamma, stats.token_ids)
+                outcome = await self.scheduler.run(row, cost=c.session.uncached + len(row.drafts), cohort=cohort)
                 cohort = self.scheduler.finished_steps  # the step this row just ran in
-                drafted = len(row.drafts)
-                if proposal is not None and link is not None:
-                    link.acceptance.update(outcome.accepted, drafted)
-                tokens = outcome.tokens
-                keep = len(tokens)  # tokens of this round that count (through an EOS or a stop sequence)
-                end = first_end(tokens, ends)
-                if end is not None:
-                    keep = end + 1
-                    tokens = tokens[:end]
-                    stats.finish_reason = "stop"
-                cut = stop(stats.token_ids, tokens) if stop is not None and tokens else None
-                if cut is not None:
-                    keep = cut
-                    tokens = tokens[:cut]
-                    stats.finish_reason = "stop"
-                drafted, accepted = kept_counts(outcome, drafted, keep)
-                stats.rounds += 1
-                stats.drafted_tokens += drafted
-                stats.accepted_tokens += accepted
-                if proposal is None and link is not None and gamma > 0:  # wanted a draft, had none
-                    stats.fallback_tokens += len(tokens)
-                    self.metrics.fallback_tokens.inc(len(tokens))
-                self.metrics.rounds.inc()
-                self.metrics.draft_tokens.inc(drafted)
-                self.metrics.accepted_tokens.inc(accepted)
-                self.metrics.round(drafted, accepted)
-                stats.generated_tokens += len(tokens)
-                stats.token_ids.extend(tokens)
-                if penalty is not None:
-                    penalty.add(tokens)  # the device counts follow token_ids exactly
-                if outcome.logprobs is not None:
-                    stats.logprobs.extend(outcome.logprobs[: len(tokens)])
-                if tokens and stats.first_token_at is None:
-                    stats.first_token_at = time.perf_counter()
-                self.metrics.generated_tokens.inc(len(tokens))
-                if tokens:
-                    yield tokens
-                if stats.finish_reason == "stop":
+                if proposal is not None and c.link is not None:
+                    c.link.acceptance.update(outcome.accepted, len(row.drafts))
+                bound = None if stop is None else functools.partial(stop, stats.token_ids)
+                end = round_outcome(outcome.tokens, c.ends, bound)
+                fell_back = proposal is None and c.link is not None and gamma > 0  # wanted a draft, had none
+                counts = round_stats(outcome, len(row.drafts), end, fell_back)
+                self._count(counts)
+                stats.add(counts, end, outcome.logprobs, time.perf_counter())
+                if c.penalty is not None:
+                    c.penalty.add(end.tokens)  # the device counts follow token_ids exactly
+                if end.tokens:
+                    yield end.tokens
+                if end.stopped:
                     return
         finally:
-            if link is not None:
-                link.release()
-            if session is not None:
-                self.runner.release(session)
+            if c is not None:
+                if c.link is not None:
+                    c.link.release()
+                self.runner.release(c.session)
             self.budget.release(reserved)
             self.metrics.running.set(self.budget.running)

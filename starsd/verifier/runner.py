@@ -107,7 +107,8 @@ def width_groups(widths: list[int]) -> list[list[int]]:
 
 
 class TargetRunner:
-    """Runs steps of many sessions on one target model (one step at a time)."""
+    """Runs steps of many sessions on one target model (one step at a time): the model's
+    :class:`starsd.verifier.step_runner.StepRunner`."""
 
     def __init__(self, loaded: LoadedModel, kv_tokens: int | None = None, cuda_graphs: str = "auto") -> None:
         """``kv_tokens``: the most key/value tokens (slots x capacity) the pool may hold; None: no bound.
@@ -119,6 +120,7 @@ class TargetRunner:
 
         self.loaded = loaded
         self.device = loaded.device
+        self.vocab_size = loaded.vocab_size
         self._lock = threading.Lock()
         layers, heads, head_dim = kv_geometry(loaded.model.config)
         self.pool = kvcache.SlotPool(layers, heads, head_dim, loaded.placement.dtype, self.device, kv_tokens)
@@ -191,7 +193,7 @@ class TargetRunner:
                     entries = [TokenLogprobs(e.logprob, e.top[:k]) for e in entries]
                     outcomes[i] = RowOutcome(outcomes[i].accepted, outcomes[i].tokens, entries)
         for row, outcome in zip(rows, outcomes, strict=True):
-            self._commit(row, outcome)
+            commit(row, outcome)
         return outcomes
 
     def _place(self, rows: list[StepRow], need: int) -> None:
@@ -271,15 +273,17 @@ class TargetRunner:
         pairs = torch.stack([verdict.accepted, verdict.last]).tolist()  # the step's one device-to-host copy
         return list(zip(pairs[0], pairs[1], strict=True))
 
-    def _commit(self, row: StepRow, outcome: RowOutcome) -> None:
-        """Drop the rejected drafts from the session's cached length and append the committed tokens."""
-        session = row.session
-        if not row.verify:
-            session.cached_len += row.prefill
-            return
-        # The slot holds committed + all drafts; the rejected drafts' columns are overwritten by later steps.
-        session.cached_len = len(session.committed) + outcome.accepted
-        session.committed.extend(outcome.tokens)
+
+def commit(row: StepRow, outcome: RowOutcome) -> None:
+    """The commit rule of every step runner: a prefill chunk joins the session's cache; a verified row drops the
+    rejected drafts from the cached length and appends the committed tokens."""
+    session = row.session
+    if not row.verify:
+        session.cached_len += row.prefill
+        return
+    # The slot holds committed + all drafts; the rejected drafts' columns are overwritten by later steps.
+    session.cached_len = len(session.committed) + outcome.accepted
+    session.committed.extend(outcome.tokens)
 
 
 def processed_logits(rows: list[StepRow], gammas: list[int], logits: torch.Tensor) -> torch.Tensor:

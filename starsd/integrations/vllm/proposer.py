@@ -23,8 +23,8 @@ import numpy.typing as npt
 from starsd.integrations.vllm.config import ConfigError, gamma_limit_error, load_config
 from starsd.integrations.vllm.link import StepLink
 from starsd.integrations.vllm.rows import Session, StepPlan, Tokens, apply_answers, as_tokens, plan_step, row_gamma
+from starsd.proposal_codec import proposal_fault
 from starsd.proto import starsd_pb2 as pb
-from starsd.verifier.draft_client import proposal_fault
 
 log = logging.getLogger("starsd.vllm")
 

@@ -1,0 +1,83 @@
+"""A completion's link to the draft over real gRPC on loopback: the client opens its channels through the factory
+it was given, and an answer that cannot be verified is counted once, by the client's callback, and the round
+decodes alone (no flag for the caller to clear)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+
+from starsd.proto import starsd_pb2 as pb
+from starsd.proto import starsd_pb2_grpc as pb_grpc
+from starsd.sampling import SamplingParams
+from starsd.verifier.draft_client import DraftClient, DraftClientOptions
+from starsd.verifier.draft_link import DraftLink
+
+VOCAB = 100
+WAIT = 30.0  # seconds a condition may take on a loaded machine before the test fails
+
+
+class OutOfRangeDraft(pb_grpc.DraftServicer):
+    """Answers every other request with ids outside the vocabulary, the others well formed."""
+
+    def __init__(self) -> None:
+        self.answered = 0
+
+    async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:
+        return pb.InfoResponse(model_name="odd", vocab_size=VOCAB, vocab_fingerprint="fp", max_context=1024)
+
+    def answer(self, req: pb.ProposeRequest) -> pb.ProposeResponse:
+        self.answered += 1
+        token = VOCAB + 5 if self.answered % 2 else 3
+        return pb.ProposeResponse(session_id=req.session_id, seq=req.seq, token_ids=[token] * req.gamma)
+
+    async def Propose(
+        self, requests: AsyncIterator[pb.ProposeRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ProposeResponse]:
+        async for req in requests:
+            if not req.release:  # a release is answered by nothing
+                yield self.answer(req)
+
+
+def test_an_unverifiable_answer_is_counted_by_the_client_and_the_round_decodes_alone() -> None:
+    async def scenario() -> tuple[list[list[int] | None], int, list[str]]:
+        server = grpc.aio.server()
+        port = server.add_insecure_port("127.0.0.1:0")
+        pb_grpc.add_DraftServicer_to_server(OutOfRangeDraft(), server)
+        await server.start()
+        opened: list[str] = []
+
+        def channel(address: str) -> grpc.aio.Channel:
+            opened.append(address)
+            return grpc.aio.insecure_channel(address)
+
+        client = DraftClient(f"127.0.0.1:{port}", "t-0", "fp", VOCAB, DraftClientOptions(), channel=channel)
+        malformed = 0
+
+        def counted() -> None:
+            nonlocal malformed
+            malformed += 1
+
+        client.on_malformed = counted
+        client.start()
+        try:
+            end = asyncio.get_running_loop().time() + WAIT
+            while not client.connected:
+                assert asyncio.get_running_loop().time() < end, "the client did not connect"
+                await asyncio.sleep(0.02)
+            link = DraftLink(client, SamplingParams(), seed=1)
+            answers = []
+            for committed in ([1, 2], [1, 2, 3], [1, 2, 3, 4], [1, 2, 3, 4, 5]):
+                proposal = await link.propose(committed, gamma=2, verify_seconds=0.0)
+                answers.append(None if proposal is None else proposal.token_ids)
+            return answers, malformed, opened
+        finally:
+            await client.stop()
+            await server.stop(None)
+
+    answers, malformed, opened = asyncio.run(scenario())
+    assert answers == [None, [3, 3], None, [3, 3]]
+    assert malformed == 2
+    assert opened and all(a.startswith("127.0.0.1:") for a in opened)
