@@ -59,6 +59,17 @@ counts = int_list(minimum=0)  # sizes that may be zero: "0,128,1024"
 target_counts = int_list(noun="target counts", subject="target counts")  # "1,2,4" (--n, --drafts)
 
 
+def add_listen_args(parser: argparse.ArgumentParser, protocol: str, port: int, note: str = "") -> None:
+    """``--port`` (``protocol``'s, ``note`` added to its help) and ``--host``, the same on every server."""
+    parser.add_argument("--port", type=int, default=port, help=f"{protocol} port" + (f"; {note}" if note else ""))
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
+
+
+def add_threads_arg(parser: argparse.ArgumentParser) -> None:
+    """``--threads``, torch's intra-op threads, on every command that runs a model in its own process."""
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: $STARSD_TORCH_THREADS or 1)")
+
+
 def add_gamma_arg(parser: argparse.ArgumentParser, note: str = "") -> None:
     """``--gamma``, the same default and range on every command that starts a target."""
     parser.add_argument(

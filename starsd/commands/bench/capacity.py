@@ -8,7 +8,13 @@ import asyncio
 from pathlib import Path
 
 from starsd.commands._common import positive_ints
-from starsd.commands.bench.common import DEFAULT_DRAFT_MODEL, draft_checkpoint, error, publish, stderr_line
+from starsd.commands.bench.common import (
+    DEFAULT_DRAFT_MODEL,
+    draft_checkpoint,
+    error,
+    measure_and_publish,
+    stderr_line,
+)
 
 
 def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,7 +37,7 @@ def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from starsd.bench.capacity import CapacityReport, measure_capacity, summarise_capacity
+    from starsd.bench.capacity import CapacityPoint, CapacityReport, measure_capacity, summarise_capacity
     from starsd.bench.report import Machine
 
     draft = draft_checkpoint(args.draft_model, "capacity")
@@ -39,9 +45,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if min(args.sessions, args.gamma, args.session_tokens, args.repeats) < 1 or args.duration <= 0 or args.warmup < 0:
         return error("--sessions, --gamma, --session-tokens, --repeats >= 1, --duration > 0, --warmup >= 0", "capacity")
-    machine = Machine.now()
-    try:
-        points = asyncio.run(
+
+    def measure() -> list[CapacityPoint]:
+        return asyncio.run(
             measure_capacity(
                 str(draft),
                 args.batches,
@@ -54,8 +60,9 @@ def run(args: argparse.Namespace) -> int:
                 None if args.quiet else stderr_line,
             )
         )
-    except RuntimeError as exc:
-        return error(str(exc), "capacity")
-    summary = summarise_capacity(points)
-    report = CapacityReport(str(draft), args.session_tokens, args.repeats, machine.finished(), summary, points)
-    return publish(report, args.json)
+
+    def report(points: list[CapacityPoint], machine: Machine) -> CapacityReport:
+        summary = summarise_capacity(points)
+        return CapacityReport(str(draft), args.session_tokens, args.repeats, machine, summary, points)
+
+    return measure_and_publish("capacity", measure, report, args.json)

@@ -7,7 +7,7 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from starsd.commands.bench.common import error, publish
+from starsd.commands.bench.common import error, measure_and_publish
 
 
 def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -25,7 +25,7 @@ def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from starsd.bench.fairness import FairnessConfig, FairnessReport, measure_fairness
+    from starsd.bench.fairness import FairnessConfig, FairnessPoint, FairnessReport, measure_fairness
     from starsd.bench.report import Machine
 
     if args.busy_sessions < 1 or args.small_targets < 1 or args.tq <= 0 or args.tp < 0 or args.duration <= 0:
@@ -33,10 +33,10 @@ def run(args: argparse.Namespace) -> int:
     config = FairnessConfig(
         args.busy_sessions, args.small_targets, args.tq, args.tp, args.gamma, args.alpha, args.duration, args.warmup
     )
-    machine = Machine.now()
-    try:
-        points = asyncio.run(measure_fairness(("fifo", "fair"), config))
-    except RuntimeError as exc:
-        return error(str(exc), "fairness")
-    report = FairnessReport(config, machine.finished(), points)
-    return publish(report, args.json)
+
+    def report(points: list[FairnessPoint], machine: Machine) -> FairnessReport:
+        return FairnessReport(config, machine, points)
+
+    return measure_and_publish(
+        "fairness", lambda: asyncio.run(measure_fairness(("fifo", "fair"), config)), report, args.json
+    )

@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 
 from starsd.commands._common import positive_ints
-from starsd.commands.bench.common import error, publish, stderr_line
+from starsd.commands.bench.common import error, measure_and_publish, stderr_line
 
 
 def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -25,7 +25,7 @@ def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from starsd.bench import profiles
-    from starsd.bench.gamma import GammaReport, measure_gamma, summarise_gamma
+    from starsd.bench.gamma import GammaPoint, GammaReport, measure_gamma, summarise_gamma
     from starsd.bench.report import Machine
 
     names = [n.strip() for n in args.profiles.split(",")] if args.profiles else profiles.names()
@@ -36,20 +36,15 @@ def run(args: argparse.Namespace) -> int:
         return error(str(exc), "gamma")
     if args.duration <= 0 or args.warmup < 0:
         return error("--duration must be > 0 and --warmup >= 0", "gamma")
-    machine = Machine.now()
-    try:
-        points = asyncio.run(
-            measure_gamma(
-                names,
-                args.gammas,
-                args.n_multipliers,
-                args.warmup,
-                args.duration,
-                max(args.gammas),
-                None if args.quiet else stderr_line,
-            )
+    progress = None if args.quiet else stderr_line
+
+    def measure() -> list[GammaPoint]:
+        measuring = measure_gamma(
+            names, args.gammas, args.n_multipliers, args.warmup, args.duration, max(args.gammas), progress
         )
-    except RuntimeError as exc:
-        return error(str(exc), "gamma")
-    report = GammaReport(machine.finished(), points, summarise_gamma(points))
-    return publish(report, args.json)
+        return asyncio.run(measuring)
+
+    def report(points: list[GammaPoint], machine: Machine) -> GammaReport:
+        return GammaReport(machine, points, summarise_gamma(points))
+
+    return measure_and_publish("gamma", measure, report, args.json)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from starsd.commands.bench.common import DEFAULT_DRAFT_MODEL, draft_checkpoint, error, publish
+from starsd.commands.bench.common import DEFAULT_DRAFT_MODEL, draft_checkpoint, measure_and_publish
 
 
 def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -25,10 +25,10 @@ def run(args: argparse.Namespace) -> int:
     draft = draft_checkpoint(args.draft_model, "protocol")
     if draft is None:
         return 2
-    machine = Machine.now()
-    try:
-        results = protocol.run(draft, gamma=args.gamma, rounds=args.rounds)
-    except RuntimeError as exc:
-        return error(str(exc), "protocol")
-    report = protocol.ProtocolReport(str(draft), machine.finished(), results)
-    return publish(report, args.json)
+
+    def report(results: list[protocol.ProtocolResult], machine: Machine) -> protocol.ProtocolReport:
+        return protocol.ProtocolReport(str(draft), machine, results)
+
+    return measure_and_publish(
+        "protocol", lambda: protocol.run(draft, gamma=args.gamma, rounds=args.rounds), report, args.json
+    )

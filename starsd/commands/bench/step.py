@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from starsd.commands._common import counts
-from starsd.commands.bench.common import error, stderr_line
+from starsd.commands.bench.common import add_model_args, error, model_error, stderr_line
 
 
 def _names(known: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
@@ -24,7 +24,6 @@ def _names(known: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
 
 
 def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from starsd.bench.measure_gpu import SHAPES
     from starsd.bench.step import MODES, ROLES, SLOTS
 
     p = sub.add_parser(
@@ -36,9 +35,7 @@ def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "of one step (torch's sync debug mode on CUDA, a counter of would-be syncs on a CPU). Progress goes to "
         "stderr, the table to stdout, the results to --json after every configuration.",
     )
-    shapes = ", ".join(sorted(SHAPES))
-    p.add_argument("--draft", default="llama-1b", metavar="SHAPE|PATH", help=f"a shape ({shapes}) or a checkpoint")
-    p.add_argument("--target", default="llama-8b", metavar="SHAPE|PATH", help=f"a shape ({shapes}) or a checkpoint")
+    add_model_args(p)
     p.add_argument("--roles", type=_names(ROLES), default=",".join(ROLES), help="which steps to time")
     p.add_argument("--batches", type=counts, default="1,4,16,32,64", help="rows (sessions) per step")
     p.add_argument("--gammas", type=counts, default="2,4,8", help="drafts per row")
@@ -59,13 +56,11 @@ def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from starsd.bench.measure_gpu import SHAPES
     from starsd.bench.step import StepPlan, run_step_bench, write_report
     from starsd.checkpoints import ModelLoadError
 
-    for flag, model in (("--draft", args.draft), ("--target", args.target)):
-        if model not in SHAPES and not Path(model).is_dir():
-            return error(f"{flag} {model!r} is neither a shape ({', '.join(sorted(SHAPES))}) nor a directory", "step")
+    if (problem := model_error(args)) is not None:
+        return error(problem, "step")
     plan = StepPlan(
         draft=args.draft,
         target=args.target,
