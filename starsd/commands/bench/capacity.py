@@ -16,24 +16,24 @@ from starsd.commands.bench.common import (
     stderr_line,
 )
 
+HELP = "draft capacity (requests/s at saturation) of the real draft, one-at-a-time vs batched"
 
-def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    cap = sub.add_parser(
-        "capacity", help="draft capacity (requests/s at saturation) of the real draft, one-at-a-time vs batched"
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--draft-model", type=Path, default=DEFAULT_DRAFT_MODEL, help="draft checkpoint")
+    parser.add_argument(
+        "--batches", type=positive_ints, default=(1, 8), help="--max-batch values, the first the baseline"
     )
-    cap.add_argument("--draft-model", type=Path, default=DEFAULT_DRAFT_MODEL, help="draft checkpoint")
-    cap.add_argument("--batches", type=positive_ints, default=(1, 8), help="--max-batch values, the first the baseline")
-    cap.add_argument("--sessions", type=int, default=32, help="saturating sessions (zero verify time)")
-    cap.add_argument("--gamma", type=int, default=4, help="draft tokens per request")
-    cap.add_argument(
+    parser.add_argument("--sessions", type=int, default=32, help="saturating sessions (zero verify time)")
+    parser.add_argument("--gamma", type=int, default=4, help="draft tokens per request")
+    parser.add_argument(
         "--session-tokens", type=int, default=512, help="tokens per session before it is released (its context)"
     )
-    cap.add_argument("--duration", type=float, default=8.0, help="measured seconds per batch size and pass")
-    cap.add_argument("--warmup", type=float, default=2.0, help="seconds before measuring, per window")
-    cap.add_argument("--repeats", type=int, default=3, help="interleaved passes over the batch sizes (medians)")
-    cap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    cap.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
-    cap.set_defaults(_bench=run)
+    parser.add_argument("--duration", type=float, default=8.0, help="measured seconds per batch size and pass")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds before measuring, per window")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved passes over the batch sizes (medians)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
