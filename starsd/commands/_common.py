@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starsd import defaults
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    Options = TypeVar("Options", bound=DataclassInstance)
 
 TERMINATION_LOG = Path("/dev/termination-log")
 
@@ -29,6 +36,13 @@ def fail(message: str, code: int = 2) -> int:
     except OSError:
         pass
     return code
+
+
+def from_flags(kind: type[Options], args: argparse.Namespace, **given: Any) -> Options:
+    """The dataclass ``kind`` with each field set from the flag named after it (``--max-batch``: ``max_batch``),
+    or from ``given``; a field that no flag names keeps its default."""
+    flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(kind) if f.init and hasattr(args, f.name)}
+    return kind(**{**flags, **given})
 
 
 def positive_float(text: str) -> float:

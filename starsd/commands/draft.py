@@ -13,6 +13,7 @@ from starsd.commands._common import (
     add_placement_args,
     add_threads_arg,
     fail,
+    from_flags,
     placement_error,
 )
 
@@ -110,20 +111,7 @@ def run(args: argparse.Namespace) -> int:
             proposer = EmulatedProposer(args.emulate_service_time, args.vocab_size, curve, args.emulate_token_time)
     except (ModelLoadError, ValueError) as exc:
         return fail(str(exc))
-    config = DraftConfig(
-        max_gamma=args.max_gamma,
-        max_sessions=args.max_sessions,
-        idle_timeout=args.idle_timeout,
-        max_batch=args.max_batch,
-        schedule=args.schedule,
-    )
-    options = DraftServerOptions(
-        host=args.host,
-        port=args.port,
-        metrics_port=args.metrics_port,
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-    )
+    config, options = from_flags(DraftConfig, args), from_flags(DraftServerOptions, args)
     try:
         failure = asyncio.run(serve_forever(DraftServer(proposer, config, options)))
     except OSError as exc:

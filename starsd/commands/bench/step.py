@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from starsd.commands._common import counts
+from starsd.commands._common import counts, from_flags
 from starsd.commands.bench.common import add_model_args, error, model_error, stderr_line
 
 
@@ -61,21 +61,8 @@ def run(args: argparse.Namespace) -> int:
 
     if (problem := model_error(args)) is not None:
         return error(problem, "step")
-    plan = StepPlan(
-        draft=args.draft,
-        target=args.target,
-        roles=args.roles,
-        batches=tuple(sorted(set(args.batches))),
-        gammas=tuple(sorted(set(args.gammas))),
-        contexts=tuple(sorted(set(args.contexts))),
-        slots=args.slots,
-        modes=args.modes,
-        device=args.device,
-        dtype=args.dtype,
-        warmup=args.warmup,
-        repeats=args.repeats,
-        budget=args.budget,
-    )
+    sizes = {name: tuple(sorted(set(getattr(args, name)))) for name in ("batches", "gammas", "contexts")}
+    plan = from_flags(StepPlan, args, **sizes)
     try:
         plan.check()
         report = run_step_bench(plan, (lambda _: None) if args.quiet else stderr_line, write_report(args.json))
