@@ -84,6 +84,21 @@ def add_threads_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: $STARSD_TORCH_THREADS or 1)")
 
 
+def add_profile_args(
+    group: argparse._ArgumentGroup, default: str = "", tc: str = "one-way transfer time (request or response)"
+) -> None:
+    """``--profile`` or ``--profile-json``, an accelerator profile (``default`` when neither is given), and the
+    flags that override its times and proposal length: ``--tp``, ``--tc`` (described as ``tc``), ``--gamma``."""
+    group.add_argument(
+        "--profile",
+        help="a named accelerator profile (see `starsd bench profiles`)" + (f"; default {default}" if default else ""),
+    )
+    group.add_argument("--profile-json", metavar="FILE", help="an accelerator profile of your own (JSON)")
+    group.add_argument("--tp", type=float, help="target verify time per round, seconds")
+    group.add_argument("--tc", type=float, help=f"{tc}, seconds")
+    group.add_argument("--gamma", type=int, help="draft tokens proposed per round")
+
+
 def add_gamma_arg(parser: argparse.ArgumentParser, note: str = "") -> None:
     """``--gamma``, the same default and range on every command that starts a target."""
     parser.add_argument(

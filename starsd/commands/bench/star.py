@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from starsd import system_model
-from starsd.commands._common import target_counts
+from starsd.commands._common import add_profile_args, target_counts
 from starsd.commands.bench.common import error, publish
 
 if TYPE_CHECKING:  # the benchmark's modules import grpc and aiohttp: only when a benchmark runs
@@ -31,13 +31,11 @@ DESCRIPTION = (
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from starsd.bench.profiles import DEFAULT_PROFILE  # no grpc, no aiohttp: cheap
+
     src = parser.add_argument_group("profile (flags override its values)")
-    src.add_argument("--profile", help="a named profile (`starsd bench profiles`); default tpuv4-chinchilla70b-4b")
-    src.add_argument("--profile-json", metavar="FILE", help="a profile of your own")
-    src.add_argument("--tp", type=float, help="target verify time per round, seconds")
-    src.add_argument("--tc", type=float, help="one-way transfer time added by the emulated targets, seconds")
+    add_profile_args(src, DEFAULT_PROFILE, tc="one-way transfer time added by the emulated targets")
     src.add_argument("--alpha", type=float, help="per-position acceptance probability")
-    src.add_argument("--gamma", type=int, help="draft tokens per round")
     drf = parser.add_argument_group("the draft")
     drf.add_argument(
         "--draft-service-time",
