@@ -73,15 +73,9 @@ class StarPlan:
     by_drafts: tuple[StarOption, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "gpus": self.gpus,
-            "draft_cost": self.draft_cost,
-            "target_cost": self.target_cost,
-            "optimal_targets": self.optimal_targets,
-            "best_throughput": self.best_throughput.to_dict(),
-            "best_per_cost": self.best_per_cost.to_dict(),
-            "by_drafts": [o.to_dict() for o in self.by_drafts],
-        }
+        """The fields in order, each option through :meth:`StarOption.to_dict` (its regime as a string)."""
+        best = {"best_throughput": self.best_throughput.to_dict(), "best_per_cost": self.best_per_cost.to_dict()}
+        return {**asdict(self), **best, "by_drafts": [o.to_dict() for o in self.by_drafts]}
 
 
 def star_throughput_for(inputs: StarInputs, drafts: int, targets: int) -> float:
