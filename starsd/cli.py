@@ -1,7 +1,8 @@
 """The ``starsd`` command line: one console script, one sub-command per job.
 
-Each sub-command lives in ``starsd.commands.<name>`` and exposes ``configure(parser)`` and ``run(args) -> int``.
-Modules are imported only when their command runs, so ``starsd plan --help`` does not pay for importing torch.
+Each sub-command lives in ``starsd.commands.<name>`` (``-`` in the name as ``_``) and exposes
+``configure(parser)`` and ``run(args) -> int``. Modules are imported only when their command runs, so
+``starsd plan --help`` does not pay for importing torch.
 """
 
 from __future__ import annotations
@@ -17,26 +18,17 @@ from starsd import __version__
 # The exit status of a process whose reader went away (128 + SIGPIPE), as a shell reports it.
 EXIT_BROKEN_PIPE = 141
 
-# name -> (module, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "draft": ("starsd.commands.draft", "serve the draft model over gRPC"),
-    "target": ("starsd.commands.target", "serve a target model over HTTP, verifying the draft's proposals"),
-    "local": ("starsd.commands.local", "run one draft and N targets on this machine"),
-    "demo": (
-        "starsd.commands.demo",
-        "the main job on the embedded default: a local star, a workload, a summary",
-    ),
-    "plan": ("starsd.commands.plan", "the system model: regime, utilisation, throughput and N* over N"),
-    "bench": ("starsd.commands.bench", "benchmarks (`starsd bench star`)"),
-    "operator": ("starsd.commands.operator", "run the Kubernetes operator with the current kubeconfig"),
-    "fetch-model": (
-        "starsd.commands.fetch_model",
-        "download a model (hf://, s3://, gs://, https:// tarball) into a directory and verify it",
-    ),
-    "models": (
-        "starsd.commands.models",
-        "create tiny model pairs (random, for tests) or train the shipped pair",
-    ),
+# name -> one-line help; the command `fetch-model` lives in starsd.commands.fetch_model
+COMMANDS: dict[str, str] = {
+    "draft": "serve the draft model over gRPC",
+    "target": "serve a target model over HTTP, verifying the draft's proposals",
+    "local": "run one draft and N targets on this machine",
+    "demo": "the main job on the embedded default: a local star, a workload, a summary",
+    "plan": "the system model: regime, utilisation, throughput and N* over N",
+    "bench": "benchmarks (`starsd bench star`)",
+    "operator": "run the Kubernetes operator with the current kubeconfig",
+    "fetch-model": "download a model (hf://, s3://, gs://, https:// tarball) into a directory and verify it",
+    "models": "create tiny model pairs (random, for tests) or train the shipped pair",
 }
 
 
@@ -80,10 +72,10 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     # Only the command being run (or all, for top-level --help) has its module imported.
     wanted = next((a for a in argv if a in COMMANDS), None)
-    for name, (module_name, help_text) in COMMANDS.items():
+    for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == wanted:
-            module = importlib.import_module(module_name)
+            module = importlib.import_module(f"starsd.commands.{name.replace('-', '_')}")
             module.configure(p)
             p.set_defaults(_run=module.run)
     use_formatter(parser)

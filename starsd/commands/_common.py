@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starsd import defaults
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    Options = TypeVar("Options", bound=DataclassInstance)
 
 TERMINATION_LOG = Path("/dev/termination-log")
 
@@ -29,6 +36,13 @@ def fail(message: str, code: int = 2) -> int:
     except OSError:
         pass
     return code
+
+
+def from_flags(kind: type[Options], args: argparse.Namespace, **given: Any) -> Options:
+    """The dataclass ``kind`` with each field set from the flag named after it (``--max-batch``: ``max_batch``),
+    or from ``given``; a field that no flag names keeps its default."""
+    flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(kind) if f.init and hasattr(args, f.name)}
+    return kind(**{**flags, **given})
 
 
 def positive_float(text: str) -> float:
@@ -57,6 +71,32 @@ def int_list(minimum: int = 1, noun: str = "integers", subject: str = "values") 
 positive_ints = int_list()  # batch sizes, concurrencies: "1,8"
 counts = int_list(minimum=0)  # sizes that may be zero: "0,128,1024"
 target_counts = int_list(noun="target counts", subject="target counts")  # "1,2,4" (--n, --drafts)
+
+
+def add_listen_args(parser: argparse.ArgumentParser, protocol: str, port: int, note: str = "") -> None:
+    """``--port`` (``protocol``'s, ``note`` added to its help) and ``--host``, the same on every server."""
+    parser.add_argument("--port", type=int, default=port, help=f"{protocol} port" + (f"; {note}" if note else ""))
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
+
+
+def add_threads_arg(parser: argparse.ArgumentParser) -> None:
+    """``--threads``, torch's intra-op threads, on every command that runs a model in its own process."""
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: $STARSD_TORCH_THREADS or 1)")
+
+
+def add_profile_args(
+    group: argparse._ArgumentGroup, default: str = "", tc: str = "one-way transfer time (request or response)"
+) -> None:
+    """``--profile`` or ``--profile-json``, an accelerator profile (``default`` when neither is given), and the
+    flags that override its times and proposal length: ``--tp``, ``--tc`` (described as ``tc``), ``--gamma``."""
+    group.add_argument(
+        "--profile",
+        help="a named accelerator profile (see `starsd bench profiles`)" + (f"; default {default}" if default else ""),
+    )
+    group.add_argument("--profile-json", metavar="FILE", help="an accelerator profile of your own (JSON)")
+    group.add_argument("--tp", type=float, help="target verify time per round, seconds")
+    group.add_argument("--tc", type=float, help=f"{tc}, seconds")
+    group.add_argument("--gamma", type=int, help="draft tokens proposed per round")
 
 
 def add_gamma_arg(parser: argparse.ArgumentParser, note: str = "") -> None:

@@ -7,23 +7,25 @@ import asyncio
 from pathlib import Path
 
 from starsd import defaults
-from starsd.commands._common import add_cuda_graphs_arg, add_placement_args, fail, placement_error
+from starsd.commands._common import (
+    add_cuda_graphs_arg,
+    add_listen_args,
+    add_placement_args,
+    add_threads_arg,
+    fail,
+    from_flags,
+    placement_error,
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, help="local Hugging Face checkpoint of the draft model")
-    parser.add_argument(
-        "--port",
-        type=int,
-        default=defaults.DRAFT_GRPC_PORT,
-        help=f"gRPC port (default {defaults.DRAFT_GRPC_PORT}; 0 picks a free one)",
-    )
-    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    add_listen_args(parser, "gRPC", defaults.DRAFT_GRPC_PORT, "0 picks a free one")
     parser.add_argument(
         "--metrics-port",
         type=int,
         default=defaults.DRAFT_METRICS_PORT,
-        help=f"HTTP port for /v1/load, /metrics, /healthz (default {defaults.DRAFT_METRICS_PORT})",
+        help="HTTP port for /v1/load, /metrics, /healthz",
     )
     parser.add_argument(
         "--max-batch",
@@ -36,26 +38,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--schedule",
         choices=defaults.DRAFT_SCHEDULES,
         default=defaults.DRAFT_SCHEDULES[0],
-        help=f"order of waiting requests (default {defaults.DRAFT_SCHEDULES[0]})",
+        help="order of waiting requests",
     )
-    parser.add_argument(
-        "--max-sessions",
-        type=int,
-        default=defaults.DRAFT_MAX_SESSIONS,
-        help=f"sessions held at once (default {defaults.DRAFT_MAX_SESSIONS})",
-    )
+    parser.add_argument("--max-sessions", type=int, default=defaults.DRAFT_MAX_SESSIONS, help="sessions held at once")
     parser.add_argument(
         "--idle-timeout",
         type=float,
         default=defaults.DRAFT_IDLE_TIMEOUT_SECONDS,
-        help=f"seconds before an idle session is freed (default {defaults.DRAFT_IDLE_TIMEOUT_SECONDS:g})",
+        help="seconds before an idle session is freed",
     )
-    parser.add_argument(
-        "--max-gamma",
-        type=int,
-        default=defaults.GAMMA_MAX,
-        help=f"largest gamma accepted (default {defaults.GAMMA_MAX})",
-    )
+    parser.add_argument("--max-gamma", type=int, default=defaults.GAMMA_MAX, help="largest gamma accepted")
     parser.add_argument(
         "--model-process",
         action=argparse.BooleanOptionalAction,
@@ -63,17 +55,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="run the model in a process of its own, so that serving and drafting do not share one Python "
         "interpreter lock (default; --no-model-process keeps it in the server's process)",
     )
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: $STARSD_TORCH_THREADS or 1)")
+    add_threads_arg(parser)
     add_placement_args(parser)
     add_cuda_graphs_arg(parser)
     parser.add_argument("--tls-cert", type=Path, help="PEM certificate: serve gRPC over TLS (with --tls-key)")
     parser.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
     emu = parser.add_argument_group("emulation (benchmarks: no model, a fixed service time)")
     emu.add_argument(
-        "--emulate-service-time",
-        type=float,
-        metavar="SECONDS",
-        help="emulate a draft accelerator instead of --model",
+        "--emulate-service-time", type=float, metavar="SECONDS", help="emulate a draft accelerator instead of --model"
     )
     emu.add_argument(
         "--batch-curve",
@@ -122,20 +111,7 @@ def run(args: argparse.Namespace) -> int:
             proposer = EmulatedProposer(args.emulate_service_time, args.vocab_size, curve, args.emulate_token_time)
     except (ModelLoadError, ValueError) as exc:
         return fail(str(exc))
-    config = DraftConfig(
-        max_gamma=args.max_gamma,
-        max_sessions=args.max_sessions,
-        idle_timeout=args.idle_timeout,
-        max_batch=args.max_batch,
-        schedule=args.schedule,
-    )
-    options = DraftServerOptions(
-        host=args.host,
-        port=args.port,
-        metrics_port=args.metrics_port,
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-    )
+    config, options = from_flags(DraftConfig, args), from_flags(DraftServerOptions, args)
     try:
         failure = asyncio.run(serve_forever(DraftServer(proposer, config, options)))
     except OSError as exc:

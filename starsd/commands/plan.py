@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from starsd import system_model
-from starsd.commands._common import target_counts
+from starsd.commands._common import add_profile_args, target_counts
 
 
 def _betas(text: str) -> list[float]:
@@ -31,12 +31,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "N* (the fewest targets that keep the draft busy) is marked."
     )
     src = parser.add_argument_group("times and acceptance (flags override a profile)")
-    src.add_argument("--profile", help="a named accelerator profile (see `starsd bench profiles`)")
-    src.add_argument("--profile-json", metavar="FILE", help="an accelerator profile of your own (JSON)")
+    add_profile_args(src)
     src.add_argument("--tq", type=float, help="draft service time for one request, seconds")
-    src.add_argument("--tp", type=float, help="target verify time for one round, seconds")
-    src.add_argument("--tc", type=float, help="one-way transfer time (request or response), seconds")
-    src.add_argument("--gamma", type=int, help="draft tokens proposed per round")
     acc = src.add_mutually_exclusive_group()
     acc.add_argument("--alpha", type=float, help="constant per-position acceptance probability")
     acc.add_argument("--betas", type=_betas, help="per-position acceptance beta(1..gamma), comma separated")

@@ -15,7 +15,9 @@ from starsd.commands._common import (
     add_api_key_args,
     add_cuda_graphs_arg,
     add_gamma_arg,
+    add_listen_args,
     add_placement_args,
+    add_threads_arg,
     api_keys_or_error,
     fail,
     gamma_error,
@@ -52,15 +54,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--drafts-resolve-interval",
         type=float,
         default=RESOLVE_SECONDS,
-        help=f"with --drafts-from: seconds between lookups (default {RESOLVE_SECONDS:g})",
+        help="with --drafts-from: seconds between lookups",
     )
-    parser.add_argument(
-        "--port",
-        type=int,
-        default=defaults.TARGET_HTTP_PORT,
-        help=f"HTTP port (default {defaults.TARGET_HTTP_PORT})",
-    )
-    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    add_listen_args(parser, "HTTP", defaults.TARGET_HTTP_PORT)
     add_gamma_arg(parser)
     parser.add_argument(
         "--adaptive-gamma",
@@ -79,21 +75,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--draft-probe-interval",
         type=float,
         default=PROBE_SECONDS,
-        help="with several drafts: seconds between checks of this target's first-choice draft while it uses "
-        f"another (default {PROBE_SECONDS:g})",
+        help="with several drafts: seconds between checks of this target's first-choice draft while it uses another",
     )
     parser.add_argument(
-        "--draft-check-timeout",
-        type=float,
-        default=5.0,
-        help="seconds to wait for the draft's vocabulary check",
+        "--draft-check-timeout", type=float, default=5.0, help="seconds to wait for the draft's vocabulary check"
     )
     batching = parser.add_argument_group("batching (continuous: one forward pass per step over every ready session)")
     batching.add_argument(
         "--max-num-seqs",
         type=int,
         default=defaults.MAX_NUM_SEQS,
-        help=f"completions running at once, and rows of one step (default {defaults.MAX_NUM_SEQS})",
+        help="completions running at once, and rows of one step",
     )
     batching.add_argument(
         "--kv-cache-tokens",
@@ -107,42 +99,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--gpu-memory-fraction",
         type=float,
         default=defaults.GPU_MEMORY_FRACTION,
-        help="CUDA only: the share of the GPU's memory the weights and the key/value cache may use "
-        f"(default {defaults.GPU_MEMORY_FRACTION:g})",
+        help="CUDA only: the share of the GPU's memory the weights and the key/value cache may use",
     )
     batching.add_argument(
         "--max-prefill-tokens",
         type=int,
         default=defaults.MAX_PREFILL_TOKENS,
-        help="prompt tokens fed per session and step; longer prompts are prefilled in chunks "
-        f"(default {defaults.MAX_PREFILL_TOKENS})",
+        help="prompt tokens fed per session and step; longer prompts are prefilled in chunks",
     )
     parser.add_argument(
         "--max-concurrency",
         type=int,
         default=defaults.TARGET_MAX_CONCURRENCY,
-        help="completions accepted at once, running or waiting for a slot; more get 429 "
-        f"(default {defaults.TARGET_MAX_CONCURRENCY})",
+        help="completions accepted at once, running or waiting for a slot; more get 429",
     )
     parser.add_argument(
-        "--max-tokens-cap",
-        type=int,
-        default=defaults.MAX_TOKENS_CAP,
-        help=f"largest max_tokens accepted (default {defaults.MAX_TOKENS_CAP})",
+        "--max-tokens-cap", type=int, default=defaults.MAX_TOKENS_CAP, help="largest max_tokens accepted"
     )
     parser.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=defaults.MAX_BODY_BYTES,
-        help=f"largest request body in bytes (default {defaults.MAX_BODY_BYTES})",
+        "--max-body-bytes", type=int, default=defaults.MAX_BODY_BYTES, help="largest request body in bytes"
     )
-    parser.add_argument(
-        "--top-k",
-        type=int,
-        default=defaults.PROPOSAL_TOP_K,
-        help=f"support of sampled proposals (default {defaults.PROPOSAL_TOP_K})",
-    )
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: $STARSD_TORCH_THREADS or 1)")
+    parser.add_argument("--top-k", type=int, default=defaults.PROPOSAL_TOP_K, help="support of sampled proposals")
+    add_threads_arg(parser)
     parser.add_argument("--draft-tls-ca", type=Path, help="PEM CA bundle: reach the draft over TLS")
     parser.add_argument(
         "--chat-template",

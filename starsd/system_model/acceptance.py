@@ -9,8 +9,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TypedDict
 
 from starsd.system_model.checks import check_count, check_probability
+
+
+class Acceptance(TypedDict, total=False):
+    """The acceptance by keyword, exactly one of the two, as the functions that take the inputs one by one take it."""
+
+    alpha: float | None  # constant per-position acceptance
+    betas: Sequence[float] | None  # or per-position acceptance beta(1..gamma)
 
 
 def position_acceptance(gamma: int, alpha: float | None = None, betas: Sequence[float] | None = None) -> list[float]:

@@ -13,8 +13,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Unpack
 
-from starsd.system_model.acceptance import expected_tokens_per_round, position_acceptance
+from starsd.system_model.acceptance import Acceptance, expected_tokens_per_round, position_acceptance
 from starsd.system_model.checks import check_count, check_times
 from starsd.system_model.curve import BatchCurve, batched_optimal_targets
 from starsd.system_model.one_draft import Regime, busy_fraction, load_regime
@@ -33,6 +34,12 @@ class BatchedPoint:
     utilization: float  # min(1, n * Tq(B)/B / cycle_time)
     regime: Regime
     throughput: float  # n * (E[l]+1) / round_time
+
+
+class Given(Acceptance, total=False):
+    """What :class:`StarInputs` takes after ``tq, tp, tc, gamma``, by keyword: the acceptance and the batch curve."""
+
+    batch_curve: BatchCurve | None  # Tq(B) of a batching draft; None: one request per pass
 
 
 @dataclass(frozen=True)
@@ -125,31 +132,20 @@ class StarInputs:
         )
 
 
+class Batched(Acceptance, total=False):
+    """The keywords of :func:`batched_point`: the acceptance, and the batch size to evaluate (default: the best)."""
+
+    batch: int | None
+
+
 def batched_point(
-    n: int,
-    curve: BatchCurve,
-    tp: float,
-    tc: float,
-    gamma: int,
-    *,
-    alpha: float | None = None,
-    betas: Sequence[float] | None = None,
-    batch: int | None = None,
+    n: int, curve: BatchCurve, tp: float, tc: float, gamma: int, **given: Unpack[Batched]
 ) -> BatchedPoint:
     """``n`` targets on a draft with batch curve ``curve``: :meth:`StarInputs.point`."""
-    return StarInputs(curve.tq(1), tp, tc, gamma, alpha, betas, curve).point(n, batch)
+    inputs = StarInputs(curve.tq(1), tp, tc, gamma, given.get("alpha"), given.get("betas"), curve)
+    return inputs.point(n, given.get("batch"))
 
 
-def batched_throughput(
-    n: int,
-    curve: BatchCurve,
-    tp: float,
-    tc: float,
-    gamma: int,
-    *,
-    alpha: float | None = None,
-    betas: Sequence[float] | None = None,
-    batch: int | None = None,
-) -> float:
+def batched_throughput(n: int, curve: BatchCurve, tp: float, tc: float, gamma: int, **given: Unpack[Batched]) -> float:
     """``O_B(N) = N*(E[l]+1) / max(Tq(B) + tp + 2*tc, N*Tq(B)/B)``; see :meth:`StarInputs.point`."""
-    return batched_point(n, curve, tp, tc, gamma, alpha=alpha, betas=betas, batch=batch).throughput
+    return batched_point(n, curve, tp, tc, gamma, **given).throughput

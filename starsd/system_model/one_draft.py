@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from enum import StrEnum
+from typing import Unpack
 
-from starsd.system_model.acceptance import expected_tokens_per_round
+from starsd.system_model.acceptance import Acceptance, expected_tokens_per_round
 from starsd.system_model.checks import at_least, ceil, check_count, check_time, check_times
 
 
@@ -57,30 +58,14 @@ def regime(n: int, tq: float, tp: float, tc: float) -> Regime:
     return load_regime(n * tq, cycle_time(tq, tp, tc))
 
 
-def throughput(
-    n: int,
-    tq: float,
-    tp: float,
-    tc: float,
-    gamma: int,
-    alpha: float | None = None,
-    betas: Sequence[float] | None = None,
-) -> float:
+def throughput(n: int, tq: float, tp: float, tc: float, gamma: int, **acceptance: Unpack[Acceptance]) -> float:
     """``O(N) = N * (E[l]+1) / max(C, N*tq)``: tokens per second committed by all ``n`` targets together."""
-    return n * expected_tokens_per_round(gamma, alpha, betas) / round_time(n, tq, tp, tc)
+    return n * expected_tokens_per_round(gamma, **acceptance) / round_time(n, tq, tp, tc)
 
 
-def per_target_latency(
-    n: int,
-    tq: float,
-    tp: float,
-    tc: float,
-    gamma: int,
-    alpha: float | None = None,
-    betas: Sequence[float] | None = None,
-) -> float:
+def per_target_latency(n: int, tq: float, tp: float, tc: float, gamma: int, **acceptance: Unpack[Acceptance]) -> float:
     """Seconds per committed token seen by one target: ``max(C, N*tq) / (E[l]+1)``."""
-    return round_time(n, tq, tp, tc) / expected_tokens_per_round(gamma, alpha, betas)
+    return round_time(n, tq, tp, tc) / expected_tokens_per_round(gamma, **acceptance)
 
 
 def optimal_targets(tq: float, tp: float, tc: float) -> int:

@@ -3,13 +3,11 @@ of accelerators (``starsd plan --gpus``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Unpack
 
 from starsd.system_model.checks import check_cost, check_count, rounded
-from starsd.system_model.curve import BatchCurve
-from starsd.system_model.inputs import StarInputs
+from starsd.system_model.inputs import Given, StarInputs
 from starsd.system_model.one_draft import Regime
 
 
@@ -75,15 +73,9 @@ class StarPlan:
     by_drafts: tuple[StarOption, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "gpus": self.gpus,
-            "draft_cost": self.draft_cost,
-            "target_cost": self.target_cost,
-            "optimal_targets": self.optimal_targets,
-            "best_throughput": self.best_throughput.to_dict(),
-            "best_per_cost": self.best_per_cost.to_dict(),
-            "by_drafts": [o.to_dict() for o in self.by_drafts],
-        }
+        """The fields in order, each option through :meth:`StarOption.to_dict` (its regime as a string)."""
+        best = {"best_throughput": self.best_throughput.to_dict(), "best_per_cost": self.best_per_cost.to_dict()}
+        return {**asdict(self), **best, "by_drafts": [o.to_dict() for o in self.by_drafts]}
 
 
 def star_throughput_for(inputs: StarInputs, drafts: int, targets: int) -> float:
@@ -150,54 +142,35 @@ def best_star_for(inputs: StarInputs, gpus: int, costs: Costs) -> StarPlan:
 # The same, with the inputs given one by one.
 
 
+class Priced(Given, total=False):
+    """:class:`StarInputs`' keywords and the prices of :class:`Costs` (each 1.0 when not given)."""
+
+    draft_cost: float
+    target_cost: float
+
+
+def _split(given: Priced) -> tuple[Given, Costs]:
+    """The model's keywords and the costs, apart."""
+    costs = Costs(given.pop("draft_cost", 1.0), given.pop("target_cost", 1.0))
+    return given, costs
+
+
 def star_throughput(
-    drafts: int,
-    targets: int,
-    tq: float,
-    tp: float,
-    tc: float,
-    gamma: int,
-    *,
-    alpha: float | None = None,
-    betas: Sequence[float] | None = None,
-    batch_curve: BatchCurve | None = None,
+    drafts: int, targets: int, tq: float, tp: float, tc: float, gamma: int, **given: Unpack[Given]
 ) -> float:
     """:func:`star_throughput_for` these inputs."""
-    return star_throughput_for(StarInputs(tq, tp, tc, gamma, alpha, betas, batch_curve), drafts, targets)
+    return star_throughput_for(StarInputs(tq, tp, tc, gamma, **given), drafts, targets)
 
 
 def star_option(
-    drafts: int,
-    targets: int,
-    tq: float,
-    tp: float,
-    tc: float,
-    gamma: int,
-    *,
-    alpha: float | None = None,
-    betas: Sequence[float] | None = None,
-    batch_curve: BatchCurve | None = None,
-    draft_cost: float = 1.0,
-    target_cost: float = 1.0,
+    drafts: int, targets: int, tq: float, tp: float, tc: float, gamma: int, **given: Unpack[Priced]
 ) -> StarOption:
     """:func:`star_option_for` these inputs."""
-    inputs = StarInputs(tq, tp, tc, gamma, alpha, betas, batch_curve)
-    return star_option_for(inputs, drafts, targets, Costs(draft_cost, target_cost))
+    model, costs = _split(given)
+    return star_option_for(StarInputs(tq, tp, tc, gamma, **model), drafts, targets, costs)
 
 
-def best_star(
-    gpus: int,
-    tq: float,
-    tp: float,
-    tc: float,
-    gamma: int,
-    *,
-    alpha: float | None = None,
-    betas: Sequence[float] | None = None,
-    batch_curve: BatchCurve | None = None,
-    draft_cost: float = 1.0,
-    target_cost: float = 1.0,
-) -> StarPlan:
+def best_star(gpus: int, tq: float, tp: float, tc: float, gamma: int, **given: Unpack[Priced]) -> StarPlan:
     """:func:`best_star_for` these inputs."""
-    inputs = StarInputs(tq, tp, tc, gamma, alpha, betas, batch_curve)
-    return best_star_for(inputs, gpus, Costs(draft_cost, target_cost))
+    model, costs = _split(given)
+    return best_star_for(StarInputs(tq, tp, tc, gamma, **model), gpus, costs)

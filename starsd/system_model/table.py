@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Unpack
 
-from starsd.system_model.curve import BatchCurve
-from starsd.system_model.inputs import StarInputs
+from starsd.system_model.inputs import Given, StarInputs
 from starsd.system_model.one_draft import Regime
 
 
@@ -56,15 +55,7 @@ def plan_table(inputs: StarInputs, ns: Sequence[int] | None = None) -> list[Plan
 
 
 def plan(
-    tq: float,
-    tp: float,
-    tc: float,
-    gamma: int,
-    *,
-    alpha: float | None = None,
-    betas: Sequence[float] | None = None,
-    ns: Sequence[int] | None = None,
-    batch_curve: BatchCurve | None = None,
+    tq: float, tp: float, tc: float, gamma: int, *, ns: Sequence[int] | None = None, **given: Unpack[Given]
 ) -> list[PlanRow]:
     """:func:`plan_table` of these inputs; with ``batch_curve``, ``tq`` must equal its ``Tq(1)``."""
-    return plan_table(StarInputs(tq, tp, tc, gamma, alpha, betas, batch_curve), ns)
+    return plan_table(StarInputs(tq, tp, tc, gamma, **given), ns)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -93,6 +93,30 @@ def _autocast(cfg: TrainConfig) -> contextlib.AbstractContextManager[Any]:
     return torch.autocast("cpu", dtype=torch.bfloat16) if cfg.bf16 else contextlib.nullcontext()
 
 
+def _fit(
+    model: Any,
+    batches: Iterable[torch.Tensor],
+    loss_of: Callable[[torch.Tensor], torch.Tensor],
+    cfg: TrainConfig,
+    desc: str,
+    progress: bool,
+) -> list[float]:
+    """The loop both trainings share: one optimizer step on ``loss_of`` each of ``cfg.steps`` batches, the loss
+    and learning rate on the progress bar; ``model`` in training mode meanwhile. Returns every step's loss."""
+    model.train()
+    opt = make_optimizer(model, cfg)
+    losses: list[float] = []
+    with _progress(cfg.steps, desc, progress) as bar:
+        for i, batch in enumerate(itertools.islice(batches, cfg.steps)):
+            loss = loss_of(batch)
+            _step(model, opt, loss, cfg, i)
+            losses.append(loss.item())
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{lr_at(i, cfg):.2e}", refresh=False)
+    model.eval()
+    return losses
+
+
 def language_model_loss(model: Any, batch: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy over a ``[B, T+1]`` batch."""
     inputs, labels = batch[:, :-1], batch[:, 1:]
@@ -104,20 +128,13 @@ def train_language_model(
     model: Any, stream: np.ndarray, cfg: TrainConfig, desc: str = "target", progress: bool = True
 ) -> list[float]:
     """Train ``model`` to predict the next token of windows of ``stream``; returns the loss of every step."""
-    model.train()
-    opt = make_optimizer(model, cfg)
-    losses: list[float] = []
+
+    def loss_of(batch: torch.Tensor) -> torch.Tensor:
+        with _autocast(cfg):
+            return language_model_loss(model, batch)
+
     batches = window_batches(stream, cfg.seq_len, cfg.batch_size, cfg.steps, cfg.seed)
-    with _progress(cfg.steps, desc, progress) as bar:
-        for i, batch in enumerate(batches):
-            with _autocast(cfg):
-                loss = language_model_loss(model, batch)
-            _step(model, opt, loss, cfg, i)
-            losses.append(loss.item())
-            bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{lr_at(i, cfg):.2e}", refresh=False)
-    model.eval()
-    return losses
+    return _fit(model, batches, loss_of, cfg, desc, progress)
 
 
 def distillation_loss(
@@ -147,25 +164,18 @@ def distill(
 ) -> list[float]:
     """Train ``student`` to match ``teacher``'s next-token distributions on ``batches`` (``[B, T+1]``; the
     last token of each window is not used); ``cfg`` gives the schedule, ``cfg.steps`` batches are consumed."""
+
+    def loss_of(batch: torch.Tensor) -> torch.Tensor:
+        inputs = batch[:, :-1]
+        with _autocast(cfg):
+            with torch.no_grad():
+                teacher_logits = teacher(input_ids=inputs).logits.float()  # [B, T, V]
+            student_logits = student(input_ids=inputs).logits.float()  # [B, T, V]
+        vocab = student_logits.size(-1)
+        return distillation_loss(student_logits.reshape(-1, vocab), teacher_logits.reshape(-1, vocab), weights)
+
     teacher.eval()
-    student.train()
-    opt = make_optimizer(student, cfg)
-    losses: list[float] = []
-    with _progress(cfg.steps, desc, progress) as bar:
-        for i, batch in enumerate(itertools.islice(batches, cfg.steps)):
-            inputs = batch[:, :-1]
-            with _autocast(cfg):
-                with torch.no_grad():
-                    teacher_logits = teacher(input_ids=inputs).logits.float()  # [B, T, V]
-                student_logits = student(input_ids=inputs).logits.float()  # [B, T, V]
-            vocab = student_logits.size(-1)
-            loss = distillation_loss(student_logits.reshape(-1, vocab), teacher_logits.reshape(-1, vocab), weights)
-            _step(student, opt, loss, cfg, i)
-            losses.append(loss.item())
-            bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{lr_at(i, cfg):.2e}", refresh=False)
-    student.eval()
-    return losses
+    return _fit(student, batches, loss_of, cfg, desc, progress)
 
 
 @torch.no_grad()

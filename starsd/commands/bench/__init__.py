@@ -1,4 +1,4 @@
-"""``starsd bench``: the benchmarks, one module each with ``configure(sub)`` and ``run(args) -> int``.
+"""``starsd bench``: the benchmarks, one module each with ``HELP``, ``configure(parser)`` and ``run(args) -> int``.
 
 ``star`` and ``profiles`` hold the star against the system model; ``capacity``, ``fairness``, ``gamma`` and
 ``protocol`` the draft's own benchmarks; ``serve`` loads an endpoint; ``measure-gpu`` and ``step`` time the
@@ -22,9 +22,14 @@ BENCHMARKS = (star, profiles, capacity, fairness, gamma, protocol, serve, measur
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    """One sub-command per module, named after it (``measure_gpu``: ``measure-gpu``), with its ``HELP`` (and
+    ``DESCRIPTION``, where it has one), its flags, and its ``run``."""
     sub = parser.add_subparsers(dest="bench", metavar="BENCHMARK")
     for benchmark in BENCHMARKS:
-        benchmark.configure(sub)
+        name = benchmark.__name__.rsplit(".", 1)[1].replace("_", "-")
+        p = sub.add_parser(name, help=benchmark.HELP, description=getattr(benchmark, "DESCRIPTION", None))
+        benchmark.configure(p)
+        p.set_defaults(_bench=benchmark.run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,25 +7,25 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from starsd.commands.bench.common import error, publish
+from starsd.commands.bench.common import error, measure_and_publish
+
+HELP = "skewed demand on a fully loaded draft: --schedule fifo vs fair"
 
 
-def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    fair = sub.add_parser("fairness", help="skewed demand on a fully loaded draft: --schedule fifo vs fair")
-    fair.add_argument("--busy-sessions", type=int, default=16, help="sessions of the busy target")
-    fair.add_argument("--small-targets", type=int, default=3, help="targets with one session each")
-    fair.add_argument("--tq", type=float, default=0.004, help="emulated draft service time, seconds")
-    fair.add_argument("--tp", type=float, default=0.002, help="emulated verify time, seconds")
-    fair.add_argument("--gamma", type=int, default=4, help="draft tokens per round")
-    fair.add_argument("--alpha", type=float, default=0.7, help="per-position acceptance")
-    fair.add_argument("--duration", type=float, default=15.0, help="measured seconds per schedule")
-    fair.add_argument("--warmup", type=float, default=2.0, help="seconds before measuring")
-    fair.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
-    fair.set_defaults(_bench=run)
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--busy-sessions", type=int, default=16, help="sessions of the busy target")
+    parser.add_argument("--small-targets", type=int, default=3, help="targets with one session each")
+    parser.add_argument("--tq", type=float, default=0.004, help="emulated draft service time, seconds")
+    parser.add_argument("--tp", type=float, default=0.002, help="emulated verify time, seconds")
+    parser.add_argument("--gamma", type=int, default=4, help="draft tokens per round")
+    parser.add_argument("--alpha", type=float, default=0.7, help="per-position acceptance")
+    parser.add_argument("--duration", type=float, default=15.0, help="measured seconds per schedule")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds before measuring")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    from starsd.bench.fairness import FairnessConfig, FairnessReport, measure_fairness
+    from starsd.bench.fairness import FairnessConfig, FairnessPoint, FairnessReport, measure_fairness
     from starsd.bench.report import Machine
 
     if args.busy_sessions < 1 or args.small_targets < 1 or args.tq <= 0 or args.tp < 0 or args.duration <= 0:
@@ -33,10 +33,10 @@ def run(args: argparse.Namespace) -> int:
     config = FairnessConfig(
         args.busy_sessions, args.small_targets, args.tq, args.tp, args.gamma, args.alpha, args.duration, args.warmup
     )
-    machine = Machine.now()
-    try:
-        points = asyncio.run(measure_fairness(("fifo", "fair"), config))
-    except RuntimeError as exc:
-        return error(str(exc), "fairness")
-    report = FairnessReport(config, machine.finished(), points)
-    return publish(report, args.json)
+
+    def report(points: list[FairnessPoint], machine: Machine) -> FairnessReport:
+        return FairnessReport(config, machine, points)
+
+    return measure_and_publish(
+        "fairness", lambda: asyncio.run(measure_fairness(("fifo", "fair"), config)), report, args.json
+    )

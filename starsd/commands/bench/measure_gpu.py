@@ -8,39 +8,33 @@ import json
 from pathlib import Path
 
 from starsd.commands._common import positive_ints
-from starsd.commands.bench.common import error, stderr_line
+from starsd.commands.bench.common import add_model_args, error, model_error, stderr_line
+
+HELP = "measure Tq(B), Tp and Tp1 of StarSD's runners on this machine's accelerator into a profile JSON"
+DESCRIPTION = (
+    "Times the draft runner's batched rounds and the target runner's verify and decode steps "
+    "(the code the servers run) on Llama-shaped models with random weights or on checkpoints, and writes a "
+    "profile for `starsd plan --profile-json` and `starsd bench star --profile-json`. Acceptance (alpha) "
+    "and transfer (Tc) are written as given."
+)
 
 
-def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from starsd.bench.measure_gpu import SHAPES
-
-    p = sub.add_parser(
-        "measure-gpu",
-        help="measure Tq(B), Tp and Tp1 of StarSD's runners on this machine's accelerator into a profile JSON",
-        description="Times the draft runner's batched rounds and the target runner's verify and decode steps "
-        "(the code the servers run) on Llama-shaped models with random weights or on checkpoints, and writes a "
-        "profile for `starsd plan --profile-json` and `starsd bench star --profile-json`. Acceptance (alpha) "
-        "and transfer (Tc) are written as given.",
-    )
-    shapes = ", ".join(sorted(SHAPES))
-    model_help = f"a Llama shape with random weights ({shapes}) or a checkpoint directory"
-    p.add_argument("--draft", default="llama-1b", metavar="SHAPE|PATH", help=model_help)
-    p.add_argument("--target", default="llama-8b", metavar="SHAPE|PATH", help=model_help)
-    p.add_argument("--gamma", type=int, default=4)
-    p.add_argument("--context", type=int, default=1024, help="tokens already in the KV cache")
-    p.add_argument("--batches", type=positive_ints, default=(1, 2, 4, 8, 16, 32), help="draft batch sizes, with 1")
-    p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
-    p.add_argument("--alpha", type=float, default=0.7, help="acceptance to write into the profile (not measured)")
-    p.add_argument("--tc", type=float, default=0.0001, help="one-way transfer to write into the profile")
-    p.add_argument("--name", default=None, help="profile name (default: derived from the device and models)")
-    p.add_argument("--out", type=Path, required=True, help="write the profile JSON here")
-    p.set_defaults(_bench=run)
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_model_args(parser)
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--context", type=int, default=1024, help="tokens already in the KV cache")
+    parser.add_argument("--batches", type=positive_ints, default=(1, 2, 4, 8, 16, 32), help="draft batch sizes, with 1")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    parser.add_argument("--alpha", type=float, default=0.7, help="acceptance to write into the profile (not measured)")
+    parser.add_argument("--tc", type=float, default=0.0001, help="one-way transfer to write into the profile")
+    parser.add_argument("--name", default=None, help="profile name (default: derived from the device and models)")
+    parser.add_argument("--out", type=Path, required=True, help="write the profile JSON here")
 
 
 def run(args: argparse.Namespace) -> int:
-    from starsd.bench.measure_gpu import SHAPES, measure
+    from starsd.bench.measure_gpu import measure
     from starsd.bench.profiles import describe
     from starsd.checkpoints import ModelLoadError
 
@@ -49,9 +43,8 @@ def run(args: argparse.Namespace) -> int:
 
     if min(args.gamma, args.context, args.repeats) < 1 or 1 not in args.batches:
         return refuse("--gamma, --context, --repeats >= 1; --batches must hold 1")
-    for flag, model in (("--draft", args.draft), ("--target", args.target)):
-        if model not in SHAPES and not Path(model).is_dir():
-            return refuse(f"{flag} {model!r} is neither a shape ({', '.join(sorted(SHAPES))}) nor a directory")
+    if (problem := model_error(args)) is not None:
+        return refuse(problem)
     args.batches = sorted(set(args.batches))
     try:
         profile = measure(args, stderr_line)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
+HELP = "the accelerator profiles and their sources"
 
-def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    prof = sub.add_parser("profiles", help="the accelerator profiles and their sources")
-    prof.add_argument("--json", action="store_true", help="print JSON")
-    prof.set_defaults(_bench=run)
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON")
 
 
 def run(args: argparse.Namespace) -> int:

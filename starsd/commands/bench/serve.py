@@ -9,25 +9,23 @@ from pathlib import Path
 
 from starsd.commands._common import positive_ints
 
+HELP = "drive an OpenAI-compatible endpoint at fixed concurrency: tokens/s, TTFT, TPOT, ITL, E2E"
+DESCRIPTION = (
+    "Sends streamed completions of random token prompts at a fixed concurrency to --url (any "
+    "OpenAI-compatible server), or to a star it starts here (--local-targets), and reports output "
+    "tokens/s, TTFT, TPOT, ITL and end-to-end latency percentiles. --concurrency 1,16 runs one pass each."
+)
 
-def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    serve = sub.add_parser(
-        "serve",
-        help="drive an OpenAI-compatible endpoint at fixed concurrency: tokens/s, TTFT, TPOT, ITL, E2E",
-        description=(
-            "Sends streamed completions of random token prompts at a fixed concurrency to --url (any "
-            "OpenAI-compatible server), or to a star it starts here (--local-targets), and reports output "
-            "tokens/s, TTFT, TPOT, ITL and end-to-end latency percentiles. --concurrency 1,16 runs one pass each."
-        ),
-    )
-    where = serve.add_argument_group("the endpoint (one of)")
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_argument_group("the endpoint (one of)")
     where.add_argument("--url", action="append", default=[], help="base URL, e.g. http://127.0.0.1:8000 (repeatable)")
     where.add_argument(
         "--local-targets", type=int, metavar="N", help="start 1 draft and N targets here on the shipped models"
     )
     where.add_argument("--no-draft", action="store_true", help="with --local-targets: the targets decode alone")
     where.add_argument("--target-arg", action="append", default=[], help="extra `starsd target` flag (repeatable)")
-    load = serve.add_argument_group("the load")
+    load = parser.add_argument_group("the load")
     load.add_argument(
         "--concurrency", type=positive_ints, default=(16,), help="requests in flight, e.g. 1,16 (default 16)"
     )
@@ -40,7 +38,7 @@ def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--no-ignore-eos", action="store_true", help="let requests stop at EOS (default: always max_tokens)"
     )
     load.add_argument("--seed", type=int, default=0, help="seed of the random prompts (default 0)")
-    client = serve.add_argument_group("the client")
+    client = parser.add_argument_group("the client")
     client.add_argument(
         "--client",
         choices=("builtin", "aiperf"),
@@ -52,8 +50,7 @@ def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--tokenizer", type=Path, help="AIPerf: the served model's tokenizer (default: the shipped target's)"
     )
     client.add_argument("--aiperf-out", type=Path, default=Path("bench/results/aiperf"), help="AIPerf's artifacts")
-    serve.add_argument("--json", type=Path, metavar="FILE", help="write every pass's figures as JSON")
-    serve.set_defaults(_bench=run)
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write every pass's figures as JSON")
 
 
 def run(args: argparse.Namespace) -> int:

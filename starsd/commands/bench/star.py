@@ -12,34 +12,31 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from starsd import system_model
-from starsd.commands._common import target_counts
+from starsd.commands._common import add_profile_args, target_counts
 from starsd.commands.bench.common import error, publish
 
 if TYPE_CHECKING:  # the benchmark's modules import grpc and aiohttp: only when a benchmark runs
     from starsd.bench.star import StarConfig, StarReport
 
 
-def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    star = sub.add_parser(
-        "star",
-        help="N emulated targets on the real draft server, swept over N, against the system model",
-        description=(
-            "Starts the real draft server (emulating a draft accelerator's service time, or a real checkpoint "
-            "with --draft-model) and N emulated targets in this process: the target's own engine and draft link "
-            "with a model step whose verify time and acceptance follow an accelerator profile. Sweeps N and "
-            "reports throughput, draft "
-            "utilisation and idle gaps, per-target latency and measured/model throughput, with the "
-            "target-only and N-independent-pairs baselines."
-        ),
-    )
-    src = star.add_argument_group("profile (flags override its values)")
-    src.add_argument("--profile", help="a named profile (`starsd bench profiles`); default tpuv4-chinchilla70b-4b")
-    src.add_argument("--profile-json", metavar="FILE", help="a profile of your own")
-    src.add_argument("--tp", type=float, help="target verify time per round, seconds")
-    src.add_argument("--tc", type=float, help="one-way transfer time added by the emulated targets, seconds")
+HELP = "N emulated targets on the real draft server, swept over N, against the system model"
+DESCRIPTION = (
+    "Starts the real draft server (emulating a draft accelerator's service time, or a real checkpoint "
+    "with --draft-model) and N emulated targets in this process: the target's own engine and draft link "
+    "with a model step whose verify time and acceptance follow an accelerator profile. Sweeps N and "
+    "reports throughput, draft "
+    "utilisation and idle gaps, per-target latency and measured/model throughput, with the "
+    "target-only and N-independent-pairs baselines."
+)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from starsd.bench.profiles import DEFAULT_PROFILE  # no grpc, no aiohttp: cheap
+
+    src = parser.add_argument_group("profile (flags override its values)")
+    add_profile_args(src, DEFAULT_PROFILE, tc="one-way transfer time added by the emulated targets")
     src.add_argument("--alpha", type=float, help="per-position acceptance probability")
-    src.add_argument("--gamma", type=int, help="draft tokens per round")
-    drf = star.add_argument_group("the draft")
+    drf = parser.add_argument_group("the draft")
     drf.add_argument(
         "--draft-service-time",
         type=float,
@@ -52,7 +49,7 @@ def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     drf.add_argument("--vocab-size", type=int, default=32000, help="vocabulary of the emulated draft")
     drf.add_argument("--draft-address", metavar="HOST:PORT", help="use a draft that is already serving")
     drf.add_argument("--draft-load-url", metavar="URL", help="its /v1/load URL (with --draft-address)")
-    sweep = star.add_argument_group("the sweep")
+    sweep = parser.add_argument_group("the sweep")
     sweep.add_argument(
         "--n", type=target_counts, metavar="N,N,...", help="target counts (default 1,2,4,8,16,32 and N*; 1 always)"
     )
@@ -67,11 +64,10 @@ def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sweep.add_argument("--warmup", type=float, default=1.0, help="seconds per point before measuring")
     sweep.add_argument("--session-tokens", type=int, default=512, help="tokens per emulated completion")
     sweep.add_argument("--seed", type=int, default=0, help="seed of the acceptance draws")
-    out = star.add_argument_group("output")
+    out = parser.add_argument_group("output")
     out.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     out.add_argument("--plot", type=Path, metavar="FILE", help="write a PNG plot")
     out.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    star.set_defaults(_bench=run)
 
 
 def build_config(args: argparse.Namespace) -> tuple[StarConfig, list[str]]:

@@ -8,8 +8,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from starsd.commands._common import counts
-from starsd.commands.bench.common import error, stderr_line
+from starsd.commands._common import counts, from_flags
+from starsd.commands.bench.common import add_model_args, error, model_error, stderr_line
 
 
 def _names(known: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
@@ -23,64 +23,46 @@ def _names(known: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
     return parse
 
 
-def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from starsd.bench.measure_gpu import SHAPES
+HELP = "time one target step and one draft step of StarSD's runners per B, gamma, context and slot order"
+DESCRIPTION = (
+    "Times TargetRunner.step (B rows verifying gamma drafts each) and DraftRunner.propose_batch "
+    "(B sessions, gamma greedy tokens each) on Llama-shaped random-weight models or checkpoints, on any "
+    "device: wall time with the device synchronised, CUDA-event time on CUDA, and the host synchronisations "
+    "of one step (torch's sync debug mode on CUDA, a counter of would-be syncs on a CPU). Progress goes to "
+    "stderr, the table to stdout, the results to --json after every configuration."
+)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
     from starsd.bench.step import MODES, ROLES, SLOTS
 
-    p = sub.add_parser(
-        "step",
-        help="time one target step and one draft step of StarSD's runners per B, gamma, context and slot order",
-        description="Times TargetRunner.step (B rows verifying gamma drafts each) and DraftRunner.propose_batch "
-        "(B sessions, gamma greedy tokens each) on Llama-shaped random-weight models or checkpoints, on any "
-        "device: wall time with the device synchronised, CUDA-event time on CUDA, and the host synchronisations "
-        "of one step (torch's sync debug mode on CUDA, a counter of would-be syncs on a CPU). Progress goes to "
-        "stderr, the table to stdout, the results to --json after every configuration.",
-    )
-    shapes = ", ".join(sorted(SHAPES))
-    p.add_argument("--draft", default="llama-1b", metavar="SHAPE|PATH", help=f"a shape ({shapes}) or a checkpoint")
-    p.add_argument("--target", default="llama-8b", metavar="SHAPE|PATH", help=f"a shape ({shapes}) or a checkpoint")
-    p.add_argument("--roles", type=_names(ROLES), default=",".join(ROLES), help="which steps to time")
-    p.add_argument("--batches", type=counts, default="1,4,16,32,64", help="rows (sessions) per step")
-    p.add_argument("--gammas", type=counts, default="2,4,8", help="drafts per row")
-    p.add_argument("--contexts", type=counts, default="128,1024", help="cached tokens per session at the start")
+    add_model_args(parser)
+    parser.add_argument("--roles", type=_names(ROLES), default=",".join(ROLES), help="which steps to time")
+    parser.add_argument("--batches", type=counts, default="1,4,16,32,64", help="rows (sessions) per step")
+    parser.add_argument("--gammas", type=counts, default="2,4,8", help="drafts per row")
+    parser.add_argument("--contexts", type=counts, default="128,1024", help="cached tokens per session at the start")
     slots, modes = ",".join(SLOTS), ",".join(MODES)
-    p.add_argument("--slots", type=_names(SLOTS), default=slots, help="rows in slot order, or a random subset")
-    p.add_argument(
+    parser.add_argument("--slots", type=_names(SLOTS), default=slots, help="rows in slot order, or a random subset")
+    parser.add_argument(
         "--modes", type=_names(MODES), default=modes, help="eager, and CUDA graphs where the runners have them"
     )
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per configuration")
-    p.add_argument("--repeats", type=int, default=5, help="timed steps per configuration (medians)")
-    p.add_argument("--budget", type=float, help="seconds; configurations not started by then are skipped")
-    p.add_argument("--json", type=Path, metavar="FILE", help="write the results here (after every configuration)")
-    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    p.set_defaults(_bench=run)
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per configuration")
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps per configuration (medians)")
+    parser.add_argument("--budget", type=float, help="seconds; configurations not started by then are skipped")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write the results here (after every configuration)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
 def run(args: argparse.Namespace) -> int:
-    from starsd.bench.measure_gpu import SHAPES
     from starsd.bench.step import StepPlan, run_step_bench, write_report
     from starsd.checkpoints import ModelLoadError
 
-    for flag, model in (("--draft", args.draft), ("--target", args.target)):
-        if model not in SHAPES and not Path(model).is_dir():
-            return error(f"{flag} {model!r} is neither a shape ({', '.join(sorted(SHAPES))}) nor a directory", "step")
-    plan = StepPlan(
-        draft=args.draft,
-        target=args.target,
-        roles=args.roles,
-        batches=tuple(sorted(set(args.batches))),
-        gammas=tuple(sorted(set(args.gammas))),
-        contexts=tuple(sorted(set(args.contexts))),
-        slots=args.slots,
-        modes=args.modes,
-        device=args.device,
-        dtype=args.dtype,
-        warmup=args.warmup,
-        repeats=args.repeats,
-        budget=args.budget,
-    )
+    if (problem := model_error(args)) is not None:
+        return error(problem, "step")
+    sizes = {name: tuple(sorted(set(getattr(args, name)))) for name in ("batches", "gammas", "contexts")}
+    plan = from_flags(StepPlan, args, **sizes)
     try:
         plan.check()
         report = run_step_bench(plan, (lambda _: None) if args.quiet else stderr_line, write_report(args.json))
