@@ -104,8 +104,8 @@ build_one() {
     ilog "$ref: cached (inputs $key), $(image_size "$ref")"
     return
   fi
-  ilog "$ref: building ($([[ $buildkit == 1 ]] && echo BuildKit || echo classic builder), base $base, inputs $key)"
   local start=$SECONDS logfile="$STARSD_CACHE/images/build-$name.log"
+  ilog "$ref: building ($([[ $buildkit == 1 ]] && echo BuildKit || echo classic builder), base $base, inputs $key; a data-plane image takes about 10 min, follow it in $logfile)"
   mkdir -p "$(dirname "$logfile")"
   if ! DOCKER_BUILDKIT="$buildkit" nice -n 10 "${cmd[@]}" >"$logfile" 2>&1; then
     tail -n 40 "$logfile" >&2
