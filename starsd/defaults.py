@@ -27,7 +27,7 @@ OPERATOR_HEALTH_PORT: Final = 8080  # kopf's liveness endpoint (/healthz)
 OPERATOR_METRICS_PORT: Final = 8081  # the operator's own Prometheus metrics (/metrics)
 
 # --- Access ------------------------------------------------------------------------------------------------
-# The environment variable holding a target's accepted API keys (starsd.verifier.auth); the operator fills it
+# The environment variable holding a target's accepted API keys (starsd.openai_api.auth); the operator fills it
 # from spec.auth.apiKeySecretRef.
 API_KEY_ENV: Final = "STARSD_API_KEY"
 VLLM_API_KEY_ENV: Final = "VLLM_API_KEY"  # the same Secret's key for a vLLM pool (vLLM takes it as one key)

@@ -115,7 +115,7 @@ class LocalStar:
     threads: int = 1  # torch threads per process
     device: str = "auto"  # --device and --dtype of every process (see starsd.devices)
     dtype: str = "auto"
-    # Keys the targets accept (starsd.verifier.auth), handed over in their environment, never their argv;
+    # Keys the targets accept (starsd.openai_api.auth), handed over in their environment, never their argv;
     # empty: open targets, whatever $STARSD_API_KEY this process has.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     log_level: str | None = None  # every process's --log-level (None: the default, INFO)

@@ -6,7 +6,10 @@ from typing import Any
 
 import pytest
 
-from starsd.verifier.api import Limits, RequestError, check_context, find_stop, parse_completion, stream_safe_length
+from starsd.openai_api.detokenize import stream_safe_length
+from starsd.openai_api.errors import RequestError
+from starsd.openai_api.request import Limits, check_context, parse_completion
+from tests.support.stops import find_stop
 
 LIMITS = Limits(vocab_size=100, max_context=64, max_tokens_cap=50)
 MODELS = ("target",)

@@ -1,4 +1,4 @@
-"""API keys of the target (starsd.verifier.auth): which keys load, which requests pass, how a refusal reads.
+"""API keys of the target (starsd.openai_api.auth): which keys load, which requests pass, how a refusal reads.
 The real server with the real ``openai`` client is in tests/integration/test_api_keys.py."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry, Counter
 
-from starsd.verifier import auth
+from starsd.openai_api import auth
 
 KEY = "sk-test-0123456789abcdef"
 OTHER = "sk-other-fedcba9876543210"

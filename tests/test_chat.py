@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from starsd.verifier.api import Limits, RequestError
-from starsd.verifier.chat import load_chat_template, parse_chat, render_chat
+from starsd.openai_api.chat import load_chat_template, parse_chat, render_chat
+from starsd.openai_api.errors import RequestError
+from starsd.openai_api.request import Limits
 from starsd.vocab import load_tokenizer
 
 LIMITS = Limits(vocab_size=100, max_context=64, max_tokens_cap=50)

@@ -1,5 +1,6 @@
 """The command modules: every `starsd bench` benchmark runs its own module's `run`, and no module under
-starsd/commands imports one that imports it back (directly or round a longer loop)."""
+starsd/commands imports one that imports it back (directly or round a longer loop), nor anywhere in the two
+installed packages."""
 
 from __future__ import annotations
 
@@ -17,21 +18,25 @@ ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ROOT / "starsd" / "commands"
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+def module_name(path: Path, base: Path = ROOT) -> str:
+    parts = path.relative_to(base).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports_of(path: Path, known: set[str]) -> set[str]:
-    """The modules in ``known`` that ``path`` imports, at its top or inside a function."""
+def imports_of(path: Path, known: set[str], base: Path = ROOT) -> set[str]:
+    """The modules in ``known`` that ``path`` imports, at its top or inside a function (relative imports
+    resolved against the file's own package)."""
+    package = module_name(path, base) if path.name == "__init__.py" else module_name(path, base).rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names if alias.name in known)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        elif isinstance(node, ast.ImportFrom):
+            anchor = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(part for part in (anchor, node.module or "") if part)
             for alias in node.names:
-                name = f"{node.module}.{alias.name}"
-                found.add(name if name in known else node.module)
+                name = f"{module}.{alias.name}"
+                found.add(name if name in known else module)
     return found & known
 
 
@@ -63,6 +68,15 @@ def test_no_import_cycle_under_starsd_commands() -> None:
     known = {module_name(p) for p in files}
     graph = {module_name(p): imports_of(p, known) - {module_name(p)} for p in files}
     assert graph["starsd.commands.bench"] >= {"starsd.commands.bench.star", "starsd.commands.bench.step"}
+    assert cycles(graph) == []
+
+
+@pytest.mark.parametrize(("base", "package"), [(ROOT, "starsd"), (ROOT / "operator", "starsd_operator")])
+def test_no_import_cycle_in_the_installed_packages(base: Path, package: str) -> None:
+    files = sorted((base / package).rglob("*.py"))
+    known = {module_name(p, base) for p in files}
+    graph = {module_name(p, base): imports_of(p, known, base) - {module_name(p, base)} for p in files}
+    assert sum(len(edges) for edges in graph.values()) > len(files)  # the names resolve: the graph has its edges
     assert cycles(graph) == []
 
 

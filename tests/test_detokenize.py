@@ -1,5 +1,5 @@
 """Incremental detokenisation: each round decodes a few tokens, yet the text is exactly the whole decode, and
-stop sequences cut where the whole-text check (starsd.verifier.api.stop_check) cuts."""
+stop sequences cut where the whole-text check (tests.support.stops.stop_check) cuts."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from starsd.verifier.api import find_stop, stop_check
-from starsd.verifier.detokenize import Detokenizer, StopWatch, earliest_stop
+from starsd.openai_api.detokenize import Detokenizer, StopWatch, earliest_stop
 from starsd.vocab import load_tokenizer
+from tests.support.stops import find_stop, stop_check
 
 
 @pytest.fixture(scope="module")

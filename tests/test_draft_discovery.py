@@ -18,11 +18,11 @@ from starsd.devices import resolve
 from starsd.draft.core import DraftConfig
 from starsd.draft.proposers import EmulatedProposer
 from starsd.draft.server import DraftServer, DraftServerOptions
+from starsd.openai_api.app import TargetApp, TargetServerOptions
 from starsd.verifier.discovery import DnsSource, DraftDiscovery, DraftSourceError, parse_drafts_from
 from starsd.verifier.draft_client import DraftClient, DraftClientOptions
 from starsd.verifier.metrics import TargetMetrics
 from starsd.verifier.scheduler import KvBudget
-from starsd.verifier.server import TargetApp, TargetServerOptions
 from tests.support.fakedns import FakeDns
 
 VOCAB = 32000

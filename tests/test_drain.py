@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 import aiohttp
 from aiohttp import web
 
-from starsd.verifier import drain
+from starsd.openai_api import drain
 
 
 class SlowApp:

@@ -7,8 +7,9 @@ import dataclasses
 from pathlib import Path
 
 from starsd.checkpoints import load_checkpoint
+from starsd.openai_api.errors import RequestError
+from starsd.openai_api.request import Limits, parse_completion
 from starsd.sampling import SamplingParams
-from starsd.verifier.api import Limits, RequestError, parse_completion
 from starsd.verifier.engine import GenerationStats, RequestControls, TargetEngine
 from tests.support.reference import autoregressive_reference
 

@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 
 from starsd.draft.core import validate_request
 from starsd.draft.sessions import SessionError
+from starsd.openai_api.errors import RequestError
+from starsd.openai_api.request import Limits, parse_completion
 from starsd.proposals import GREEDY_BELOW
 from starsd.proto import starsd_pb2 as pb
-from starsd.verifier.api import Limits, RequestError, parse_completion
 
 LIMITS = Limits(vocab_size=512, max_context=256, max_tokens_cap=128)
 

@@ -13,9 +13,9 @@ from starsd.draft.runner import DraftRunner
 from starsd.proposal_codec import proposal_fault
 from starsd.proto import starsd_pb2 as pb
 from starsd.sampling import Verdict, draft_generator, sample, target_generator
-from starsd.verifier.api import stop_check
 from starsd.verifier.engine import RoundEnd, kept_counts
 from tests.stats import fits
+from tests.support.stops import stop_check
 
 
 def test_drafts_past_an_eos_or_a_stop_count_neither_as_drafted_nor_accepted() -> None:

@@ -4,7 +4,7 @@ reports about its Secret.
 The key reaches each target container as ``$STARSD_API_KEY`` from the Secret (``valueFrom.secretKeyRef``,
 never optional): it is never in the command, never a literal in the pod spec, and a pod whose Secret or key is
 missing does not start (``CreateContainerConfigError``) rather than start open. The value may hold several keys,
-comma- or newline-separated (starsd.verifier.auth), which is how a key is rotated without refusing anyone.
+comma- or newline-separated (starsd.openai_api.auth), which is how a key is rotated without refusing anyone.
 
 Rotation: a change of the key's value rolls the pools through the partitioned rollout (.rollout), because the
 pod template carries a digest of it (:data:`ANNOTATION_DIGEST`): a salted, truncated SHA-256 that changes with

@@ -4,7 +4,7 @@
   (a large checkpoint takes tens of minutes: the budget goes up to a day); then **readiness** on ``/readyz``
   and **liveness** on ``/healthz`` at their periods.
 * ``terminationGracePeriodSeconds`` (default 120) bounds a stop. A target's **preStop** hook calls its
-  ``/drain`` (:mod:`starsd.verifier.drain`): readiness fails, new completions are refused, the ones in flight
+  ``/drain`` (:mod:`starsd.openai_api.drain`): readiness fails, new completions are refused, the ones in flight
   finish; the kubelet sends SIGTERM when it returns, and kills the pod at the end of the grace period.
 * A pod that asks for a GPU gets a memory-backed ``/dev/shm`` (the runtime's 64 MiB default is too small for
   the CUDA libraries' inter-process buffers).

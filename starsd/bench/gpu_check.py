@@ -43,7 +43,7 @@ IMPORTS = (
     "starsd.proto.starsd_pb2",
     "starsd.proto.starsd_pb2_grpc",
     "starsd.draft.server",
-    "starsd.verifier.server",
+    "starsd.openai_api.app",
     "starsd.local",
     "starsd.cli",
 )

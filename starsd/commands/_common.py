@@ -159,8 +159,8 @@ def placement_error(args: argparse.Namespace) -> str | None:
 
 
 def add_api_key_args(parser: argparse.ArgumentParser) -> None:
-    """``--api-key`` and ``--api-key-file`` (with ``$STARSD_API_KEY``: see starsd.verifier.auth)."""
-    from starsd.verifier.auth import ENV_API_KEY
+    """``--api-key`` and ``--api-key-file`` (with ``$STARSD_API_KEY``: see starsd.openai_api.auth)."""
+    from starsd.openai_api.auth import ENV_API_KEY
 
     parser.add_argument(
         "--api-key",
@@ -182,7 +182,7 @@ def add_api_key_args(parser: argparse.ArgumentParser) -> None:
 def api_keys_or_error(args: argparse.Namespace) -> list[str] | str:
     """The keys of ``--api-key``, ``--api-key-file`` and ``$STARSD_API_KEY``, or the complaint about them
     (which never shows a key). The flags' values are dropped from ``args`` once read."""
-    from starsd.verifier.auth import ApiKeyError, load_keys
+    from starsd.openai_api.auth import ApiKeyError, load_keys
 
     try:
         keys = load_keys(args.api_key, args.api_key_file, os.environ)

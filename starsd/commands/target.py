@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(keys, str):
         return fail(keys)
     args.api_keys = keys
-    from starsd.verifier.chat import load_chat_template
+    from starsd.openai_api.chat import load_chat_template
 
     try:
         args.chat_template_text = load_chat_template(args.chat_template)
@@ -186,7 +186,8 @@ async def _serve(args: argparse.Namespace, loaded: object) -> int:
     from aiohttp import web
 
     from starsd.checkpoints import LoadedModel
-    from starsd.verifier.auth import KeyRing
+    from starsd.openai_api.app import TargetApp, TargetServerOptions
+    from starsd.openai_api.auth import KeyRing
     from starsd.verifier.discovery import DraftDiscovery
     from starsd.verifier.draft_client import (
         DraftClient,
@@ -196,7 +197,6 @@ async def _serve(args: argparse.Namespace, loaded: object) -> int:
     )
     from starsd.verifier.engine import BatchOptions, TargetEngine
     from starsd.verifier.memory import kv_budget_tokens
-    from starsd.verifier.server import TargetApp, TargetServerOptions
 
     assert isinstance(loaded, LoadedModel)
     client = None

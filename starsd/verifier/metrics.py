@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from starsd.verifier.auth import REASONS as UNAUTHORIZED_REASONS
 from starsd.verifier.draft_pool import Reason
+
+# Why a request was refused 401 (the label of starsd_target_unauthorized_requests; starsd.openai_api.auth):
+# no Authorization header or not a Bearer one, or a Bearer key that is not one of the accepted keys.
+UNAUTHORIZED_REASONS = ("missing", "invalid")
 
 # vLLM's buckets for its request latency histograms (seconds).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)

@@ -23,10 +23,10 @@ from starsd.checkpoints import load_checkpoint
 from starsd.draft.core import DraftConfig
 from starsd.draft.proposers import ModelProposer
 from starsd.draft.server import DraftServer, DraftServerOptions
+from starsd.openai_api.app import TargetApp, TargetServerOptions
 from starsd.verifier.discovery import DnsSource, DraftDiscovery, assign_slots, order_for
 from starsd.verifier.draft_client import DraftClient, DraftClientOptions
 from starsd.verifier.engine import TargetEngine
-from starsd.verifier.server import TargetApp, TargetServerOptions
 from tests.support.fakedns import FakeDns
 from tests.support.reference import autoregressive_reference
 

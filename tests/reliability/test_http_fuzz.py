@@ -18,7 +18,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from starsd.verifier.server import TargetApp, TargetServerOptions
+from starsd.openai_api.app import TargetApp, TargetServerOptions
 from tests.reliability.test_target_admission import GatedEngine
 
 

@@ -18,11 +18,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from starsd.devices import resolve
+from starsd.openai_api.app import TargetApp, TargetServerOptions
 from starsd.sampling import SamplingParams
 from starsd.verifier.engine import GenerationStats, StopCheck
 from starsd.verifier.metrics import TargetMetrics
 from starsd.verifier.scheduler import KvBudget
-from starsd.verifier.server import TargetApp, TargetServerOptions
 
 
 class RecordingTokenizer:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from starsd.verifier.api import stream_safe_length
-
 # Tokens of context a window keeps before the ones not yet turned into text (enough for merges across tokens).
 WINDOW = 6
 
@@ -90,3 +88,14 @@ class StopWatch:
         if self.cut is not None or not self.stops:
             return len(self.text)
         return stream_safe_length(self.text, self.stops)
+
+
+def stream_safe_length(text: str, stops: list[str]) -> int:
+    """How much of ``text`` can be streamed without risking to emit the start of a stop sequence."""
+    hold = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:k]):
+                hold = max(hold, k)
+                break
+    return len(text) - hold

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from starsd.verifier.api import (
+from starsd.openai_api.errors import RequestError
+from starsd.openai_api.request import (
     COMMON_FIELDS,
     HARMLESS_FIELDS,
     GenerationRequest,
     Limits,
-    RequestError,
     check_fields,
     check_model,
     parse_generation,

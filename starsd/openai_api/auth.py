@@ -7,7 +7,7 @@ nothing changes.
 
 What stays open is what an orchestrator and a scraper need, as vLLM leaves them open: ``/health``,
 ``/healthz``, ``/readyz``, ``/metrics``, ``/version``, and ``/drain`` (which answers only on loopback, see
-:mod:`starsd.verifier.drain`). Every other route needs the key, ``/tokenize`` and ``/detokenize`` included
+:mod:`starsd.openai_api.drain`). Every other route needs the key, ``/tokenize`` and ``/detokenize`` included
 (vLLM leaves those two open; they run the tokenizer on the caller's text). The decision is made on the route
 the router matched, never on a prefix of the path, and a path that matches no route needs the key too: a
 crafted path cannot reach an OpenAI route without it.
@@ -28,14 +28,13 @@ from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import Counter
 
 from starsd import defaults
+from starsd.verifier.metrics import UNAUTHORIZED_REASONS
 
 ENV_API_KEY = defaults.API_KEY_ENV
 OPEN_PATHS = frozenset({"/health", "/healthz", "/readyz", "/metrics", "/version", "/drain"})
 
 # Why a request was refused (the label of the refusal counter).
-MISSING = "missing"  # no Authorization header, or not a Bearer one
-INVALID = "invalid"  # a Bearer key that is not one of the accepted keys
-REASONS = (MISSING, INVALID)
+MISSING, INVALID = UNAUTHORIZED_REASONS
 
 
 class ApiKeyError(ValueError):

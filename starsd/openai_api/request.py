@@ -1,32 +1,19 @@
-"""The OpenAI-compatible request contract of ``POST /v1/completions``: parsing and validation (pure).
+"""The OpenAI-compatible request contract of ``POST /v1/completions``: parsing and validation (pure; the chat
+endpoint's own fields are in :mod:`starsd.openai_api.chat`).
 
-Every rejection is a :class:`RequestError` carrying the HTTP status, a message that names the field, and the
-OpenAI error ``type``/``code``, so existing clients show it as they would any API error.
+Every rejection is a :class:`~starsd.openai_api.errors.RequestError` carrying the HTTP status, a message that
+names the field, and the OpenAI error ``type``/``code``, so existing clients show it as they would any API
+error.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from starsd import defaults
-
-
-class RequestError(Exception):
-    def __init__(self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.param = param
-        self.code = code
-
-    def body(self) -> dict[str, Any]:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        if self.status == 429:
-            kind = "rate_limit_error"
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+from starsd.openai_api.errors import RequestError
 
 
 @dataclass(frozen=True)
@@ -374,38 +361,3 @@ def check_context(prompt_tokens: int, max_tokens: int, limits: Limits) -> None:
             param="prompt" if prompt_tokens >= limits.max_context else "max_tokens",
             code="context_length_exceeded",
         )
-
-
-def find_stop(text: str, stops: list[str]) -> int | None:
-    """Index where the earliest stop sequence begins in ``text``, or None."""
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return min(hits) if hits else None
-
-
-def stop_check(decode: Callable[[list[int]], str], stops: list[str]) -> Callable[[list[int], list[int]], int | None]:
-    """A check for the generation loop: of a round's ``new`` tokens after ``before``, how many to keep because a
-    stop sequence ends within them (the tokens up to and including the one that completes it), or None.
-
-    Usage and ``token_ids`` then count the tokens up to the stop, as OpenAI and vLLM do.
-    """
-
-    def check(before: list[int], new: list[int]) -> int | None:
-        if find_stop(decode(before + new), stops) is None:
-            return None
-        for k in range(1, len(new)):
-            if find_stop(decode(before + new[:k]), stops) is not None:
-                return k
-        return len(new)
-
-    return check
-
-
-def stream_safe_length(text: str, stops: list[str]) -> int:
-    """How much of ``text`` can be streamed without risking to emit the start of a stop sequence."""
-    hold = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:k]):
-                hold = max(hold, k)
-                break
-    return len(text) - hold
