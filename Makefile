@@ -44,7 +44,7 @@ gpu-check: ## the GPU check (bench/gpu/run.sh): lossless on CUDA, the step table
 gpu-wheels: ## download the wheels a GPU machine without network needs for gpu-check into .whl/
 	PYTHON=$$(test -x $(BIN)/python && echo $(BIN)/python || echo python3) bash bench/gpu/wheels.sh
 
-.PHONY: test-fast cluster-env test-vllm
+.PHONY: test-fast cluster-env test-vllm bench-vllm
 test-fast: install ## the quick loop: unit tests only (no servers on loopback, no control plane)
 	$(BIN)/pytest -q tests --ignore=tests/integration --ignore=tests/reliability -m "not slow"
 
@@ -79,6 +79,10 @@ bench-aiperf: install $(AIPERF_VENV)/.installed ## serve-draft's passes with AIP
 	$(BIN)/starsd bench serve --client aiperf --aiperf $(AIPERF_VENV)/bin/aiperf --local-targets 1 --concurrency 1,16 --json bench/results/serve-aiperf.json
 
 VLLM_VENV := .venv-vllm
+
+bench-vllm: install $(VLLM_VENV)/.installed ## vLLM alone, with its own draft, with a StarSD draft; 2 replicas sharing 1 StarSD draft vs 2 with a draft each (vLLM's client; JSON in bench/results/vllm.json; ~20 min on 2 cores)
+	@mkdir -p bench/results
+	$(BIN)/starsd bench vllm --json bench/results/vllm.json --log-dir bench/results/vllm-logs
 
 $(VLLM_VENV)/.installed: bench/vllm.lock | $(STAMP)
 	@echo "installing vLLM 0.32 for the CPU into $(VLLM_VENV)/ (apart from the project's own .venv/)"

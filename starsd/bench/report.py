@@ -60,12 +60,19 @@ def to_json(record: Any) -> Any:
     return record
 
 
+def _path_text(value: Any) -> str:
+    """A path in a report (a checkpoint, a log folder) as its text; anything else JSON cannot hold is an error."""
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"a report holds a {type(value).__name__}, which JSON cannot hold")
+
+
 def write_json(path: Path | None, record: Any) -> None:
     """Write a report record as JSON to ``path`` (nothing when None) and say so."""
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(to_json(record), indent=2) + "\n")
+    path.write_text(json.dumps(to_json(record), indent=2, default=_path_text) + "\n")
     print(f"wrote {path}")
 
 

@@ -68,3 +68,11 @@ def test_the_capacity_and_protocol_reports_keep_their_json_keys() -> None:
     head, row = report.table().splitlines()
     assert head.split()[:2] == ["mode", "gamma"]
     assert row.split() == ["greedy", "4", "0.500ms", "0.900ms", "1.200ms", "0.700ms", "100"]
+
+
+def test_paths_in_a_report_are_written_as_text_and_other_objects_refused(tmp_path: Path) -> None:
+
+    write_json(tmp_path / "r.json", {"model": tmp_path / "target"})
+    assert json.loads((tmp_path / "r.json").read_text()) == {"model": str(tmp_path / "target")}
+    with pytest.raises(TypeError, match="a report holds a object"):
+        write_json(tmp_path / "bad.json", {"x": object()})

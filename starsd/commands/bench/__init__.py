@@ -1,9 +1,9 @@
 """``starsd bench``: the benchmarks, one module each with ``HELP``, ``configure(parser)`` and ``run(args) -> int``.
 
 ``star`` and ``profiles`` hold the star against the system model; ``capacity``, ``fairness``, ``gamma`` and
-``protocol`` the draft's own benchmarks; ``serve`` loads an endpoint; ``measure-gpu`` and ``step`` time the
-runners on an accelerator. ``common`` holds what they share. A benchmark imports its machinery
-(:mod:`starsd.bench`) only when it runs.
+``protocol`` the draft's own benchmarks; ``serve`` loads an endpoint; ``vllm`` compares vLLM with and without a
+StarSD draft; ``measure-gpu`` and ``step`` time the runners on an accelerator. ``common`` holds what they share.
+A benchmark imports its machinery (:mod:`starsd.bench`) only when it runs.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import argparse
 import logging
 import sys
 
-from starsd.commands.bench import capacity, fairness, gamma, measure_gpu, profiles, protocol, serve, star, step
+from starsd.commands.bench import capacity, fairness, gamma, measure_gpu, profiles, protocol, serve, star, step, vllm
 from starsd.commands.bench.star import build_config
 
 __all__ = ["build_config", "configure", "run"]
 
 # In the order `starsd bench --help` lists them.
-BENCHMARKS = (star, profiles, capacity, fairness, gamma, protocol, serve, measure_gpu, step)
+BENCHMARKS = (star, profiles, capacity, fairness, gamma, protocol, serve, vllm, measure_gpu, step)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     if handler is None:
         print(
             "starsd bench: choose a benchmark: star | serve | profiles | capacity | fairness | gamma | protocol | "
-            "measure-gpu | step (see --help)",
+            "vllm | measure-gpu | step (see --help)",
             file=sys.stderr,
         )
         return 2

@@ -1,0 +1,295 @@
+"""vLLM replicas with a StarSD draft against vLLM's own ways, in one run on one machine (issue: vLLM replicas
+share a StarSD draft).
+
+Five setups of vLLM's CPU build serving the same target checkpoint, each loaded by vLLM's own client
+(`vllm bench serve`, random prompts, greedy, ``--ignore-eos``) at each concurrency:
+
+* ``alone``: one replica, no speculation;
+* ``draft-model``: one replica with vLLM's in-process draft model (``method: draft_model``);
+* ``starsd``: one replica with StarSD's proposer and a StarSD draft (``method: custom_class``);
+* ``pair-own``: two replicas, each with its own in-process draft (two drafts);
+* ``pair-shared``: two replicas sharing one StarSD draft (one draft).
+
+A pair is loaded by two clients at once, one per replica, each at the concurrency; its tokens/s is their sum.
+All the servers start together and stay up for the whole run, so every setup is measured beside the same idle
+processes. Acceptance is vLLM's own (its spec-decode counters, read by its client before and after a pass).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from starsd.bench.report import Column, Machine, table
+from starsd.bench.vllm_fleet import (
+    SERVED_NAME,
+    VllmServer,
+    draft_model_speculation,
+    running,
+    starsd_speculation,
+    vllm_env,
+)
+
+SETUPS = ("alone", "draft-model", "starsd", "pair-own", "pair-shared")
+WARMUP_REQUESTS = 4  # one short pass per server before the measured ones
+CLIENT_TIMEOUT = 1800.0  # seconds one client pass may take before the run is called failed
+
+
+@dataclass(frozen=True)
+class VllmCompareConfig:
+    target: Path
+    draft: Path
+    venv: Path
+    concurrency: tuple[int, ...]
+    requests: int  # per client pass
+    input_len: int
+    output_len: int
+    gamma: int  # num_speculative_tokens of every speculating setup
+    start_seconds: float  # how long the servers may take to start, together
+    log_dir: Path
+
+
+@dataclass(frozen=True)
+class ClientPass:
+    """What one `vllm bench serve` pass against one replica reports."""
+
+    completed: int
+    failed: int
+    output_tokens: int
+    output_throughput: float  # tokens/s
+    median_ttft_ms: float
+    median_tpot_ms: float
+    draft_tokens: int  # 0 without speculation
+    accepted_tokens: int
+    drafts: int  # verification steps that carried proposals
+
+    @classmethod
+    def from_client(cls, result: dict[str, Any]) -> ClientPass:
+        """Read the client's ``--save-result`` JSON."""
+        return cls(
+            completed=int(result["completed"]),
+            failed=int(result.get("failed", 0)),
+            output_tokens=int(result["total_output_tokens"]),
+            output_throughput=float(result["output_throughput"]),
+            median_ttft_ms=float(result["median_ttft_ms"]),
+            median_tpot_ms=float(result["median_tpot_ms"]),
+            draft_tokens=int(result.get("spec_decode_draft_tokens", 0)),
+            accepted_tokens=int(result.get("spec_decode_accepted_tokens", 0)),
+            drafts=int(result.get("spec_decode_num_drafts", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class VllmPoint:
+    """One setup at one concurrency (per replica)."""
+
+    setup: str
+    concurrency: int
+    replicas: int
+    draft_models: int  # draft models loaded for the setup: 0, one per replica, or one shared
+    output_throughput: float  # tokens/s over all replicas
+    median_tpot_ms: float  # the slowest replica's
+    failed: int
+    acceptance: float | None  # accepted / drafted tokens, over the replicas
+    acceptance_length: float | None  # tokens per verification step: 1 + accepted / steps with proposals
+
+
+def combine(setup: str, concurrency: int, passes: Sequence[ClientPass], draft_models: int) -> VllmPoint:
+    """The replicas' passes of one setup as one point: tokens/s summed, acceptance over all drafted tokens."""
+    drafted = sum(p.draft_tokens for p in passes)
+    accepted = sum(p.accepted_tokens for p in passes)
+    steps = sum(p.drafts for p in passes)
+    return VllmPoint(
+        setup=setup,
+        concurrency=concurrency,
+        replicas=len(passes),
+        draft_models=draft_models,
+        output_throughput=sum(p.output_throughput for p in passes),
+        median_tpot_ms=max(p.median_tpot_ms for p in passes),
+        failed=sum(p.failed for p in passes),
+        acceptance=accepted / drafted if drafted else None,
+        acceptance_length=1 + accepted / steps if steps else None,
+    )
+
+
+@dataclass(frozen=True)
+class Ratio:
+    name: str
+    concurrency: int
+    value: float | None  # None when a side is missing or measured nothing
+    goal: float
+
+
+def ratios(points: Sequence[VllmPoint]) -> list[Ratio]:
+    """The issue's two comparisons, per concurrency: the StarSD draft against vLLM's in-process draft (goal: at
+    least 1 at one client), and two replicas sharing one draft against two with a draft each (goal: >= 0.9)."""
+    by = {(p.setup, p.concurrency): p.output_throughput for p in points}
+    out: list[Ratio] = []
+    for c in sorted({p.concurrency for p in points}):
+        for name, (num, den), goal in (
+            ("starsd / draft-model", ("starsd", "draft-model"), 1.0),
+            ("pair-shared / pair-own", ("pair-shared", "pair-own"), 0.9),
+            ("starsd / alone", ("starsd", "alone"), 1.0),
+        ):
+            a, b = by.get((num, c)), by.get((den, c))
+            out.append(Ratio(name, c, a / b if a is not None and b else None, goal))
+    return out
+
+
+@dataclass
+class VllmCompareReport:
+    """``starsd bench vllm``'s report."""
+
+    benchmark: str = field(default="vllm", init=False)
+    config: VllmCompareConfig
+    machine: Machine
+    points: list[VllmPoint]
+    ratios: list[Ratio] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.ratios:
+            self.ratios = ratios(self.points)
+
+    def table(self) -> str:
+        columns: list[Column[VllmPoint]] = [
+            Column("setup", lambda p: p.setup, "", 12, left=True),
+            Column("C", lambda p: p.concurrency, "d", 4),
+            Column("replicas", lambda p: p.replicas, "d", 9),
+            Column("drafts", lambda p: p.draft_models, "d", 7),
+            Column("tok/s", lambda p: p.output_throughput, ".1f", 9),
+            Column("TPOT p50", lambda p: p.median_tpot_ms, ".1f", 10, unit=" ms"),
+            Column("accept", lambda p: p.acceptance, ".3f", 8),
+            Column("acc len", lambda p: p.acceptance_length, ".2f", 8),
+            Column("failed", lambda p: p.failed, "d", 7),
+        ]
+        lines = table(self.points, columns)
+        lines += ["", "ratio                       C    tokens/s ratio  goal"]
+        for r in self.ratios:
+            value = "-" if r.value is None else f"{r.value:.2f}x"
+            lines.append(f"{r.name:<26}{r.concurrency:>3}{value:>16}  >= {r.goal:g}x")
+        lines.append(self.machine.describe())
+        return "\n".join(lines)
+
+
+def client_argv(config: VllmCompareConfig, server: VllmServer, concurrency: int, result: Path) -> list[str]:
+    """`vllm bench serve` as the project's peer figures run it (../docs/vllm.md), saving its JSON to ``result``."""
+    return [
+        str(config.venv / "bin" / "vllm"),
+        "bench",
+        "serve",
+        "--backend",
+        "openai",
+        "--endpoint",
+        "/v1/completions",
+        "--base-url",
+        server.url,
+        "--model",
+        SERVED_NAME,
+        "--tokenizer",
+        str(config.target),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(config.input_len),
+        "--random-output-len",
+        str(config.output_len),
+        "--num-prompts",
+        str(config.requests),
+        "--max-concurrency",
+        str(concurrency),
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        str(result.parent),
+        "--result-filename",
+        result.name,
+    ]
+
+
+def run_client(config: VllmCompareConfig, server: VllmServer, concurrency: int, tag: str) -> ClientPass:
+    result = config.log_dir / f"{tag}.json"
+    log = config.log_dir / f"{tag}.log"
+    with log.open("wb") as out:
+        proc = subprocess.run(
+            client_argv(config, server, concurrency, result),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=vllm_env(config.venv, {}),
+            timeout=CLIENT_TIMEOUT,
+            check=False,
+        )
+    if proc.returncode != 0 or not result.is_file():
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise RuntimeError(f"vllm bench serve against {server.name} failed (exit {proc.returncode}):\n{tail}")
+    return ClientPass.from_client(json.loads(result.read_text()))
+
+
+def measure(config: VllmCompareConfig, setups: Sequence[str], progress: Callable[[str], None]) -> list[VllmPoint]:
+    """Start one StarSD draft and the replicas the setups need, then load each setup at each concurrency."""
+    from starsd.local import LocalStar
+
+    star = LocalStar(draft_model=config.draft, targets=0, log_dir=config.log_dir / "draft")
+    progress(f"starting a StarSD draft on {config.draft}")
+    star.start()
+    try:
+        own = draft_model_speculation(config.draft, config.gamma)
+
+        def replica(name: str, speculative: dict[str, Any] | None, env: dict[str, str] | None = None) -> VllmServer:
+            log = config.log_dir / f"{name}.log"
+            return VllmServer(name, config.target, log, dict(env or {}), speculative, config.venv)
+
+        def starsd_replica(name: str) -> VllmServer:
+            env = {"STARSD_DRAFT": star.draft_address, "STARSD_TARGET_ID": name}
+            return replica(name, starsd_speculation(config.gamma), env)
+
+        wanted = set(setups)
+        servers: dict[str, VllmServer] = {}
+        if "alone" in wanted:
+            servers["alone"] = replica("alone", None)
+        if wanted & {"draft-model", "pair-own"}:
+            servers["own-1"] = replica("own-1", own)
+        if "pair-own" in wanted:
+            servers["own-2"] = replica("own-2", own)
+        if wanted & {"starsd", "pair-shared"}:
+            servers["shared-1"] = starsd_replica("shared-1")
+        if "pair-shared" in wanted:
+            servers["shared-2"] = starsd_replica("shared-2")
+        members = {
+            "alone": (["alone"], 0),
+            "draft-model": (["own-1"], 1),
+            "starsd": (["shared-1"], 1),
+            "pair-own": (["own-1", "own-2"], 2),
+            "pair-shared": (["shared-1", "shared-2"], 1),
+        }
+        progress(f"starting {len(servers)} vLLM servers together ({', '.join(servers)}); 2-3 minutes each on 2 cores")
+        points: list[VllmPoint] = []
+        with running(*servers.values(), start_seconds=config.start_seconds):
+            warmup = dataclasses.replace(config, requests=WARMUP_REQUESTS)
+            for name, server in servers.items():  # first requests pay for lazy start-up work; not measured
+                progress(f"warming up {name}")
+                run_client(warmup, server, 1, f"warmup-{name}")
+            for c in config.concurrency:
+                for setup in [s for s in SETUPS if s in wanted]:
+                    names, drafts = members[setup]
+                    tags = [f"{setup}-c{c}-{n}" for n in names]
+                    with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
+                        passes = list(
+                            pool.map(
+                                run_client, [config] * len(names), [servers[n] for n in names], [c] * len(names), tags
+                            )
+                        )
+                    point = combine(setup, c, passes, drafts)
+                    points.append(point)
+                    progress(f"{setup} at C={c}: {point.output_throughput:.1f} tok/s, {point.failed} failed")
+        return points
+    finally:
+        star.stop()

@@ -1,0 +1,84 @@
+"""``starsd bench vllm``: vLLM replicas with a StarSD draft against vLLM alone and with its in-process draft,
+one replica and two, loaded by vLLM's own client in one run (:mod:`starsd.bench.vllm_compare`)."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from starsd.commands._common import positive_ints
+from starsd.commands.bench.common import error, measure_and_publish, stderr_line
+
+HELP = "vLLM + a StarSD draft vs vLLM alone and with its own draft; 2 replicas sharing 1 draft vs 2 drafts"
+DESCRIPTION = (
+    "Starts vLLM's CPU build (from --vllm-venv; `make test-vllm` installs it) on --target in the setups named by "
+    "--setups, all at once, plus one StarSD draft on --draft, and loads each setup with `vllm bench serve` "
+    "(random prompts, greedy, --ignore-eos) at each --concurrency (per replica; a pair gets one client per "
+    "replica). Reports output tokens/s, TPOT, vLLM's acceptance, and the ratios the vLLM integration is judged "
+    "by. Takes several minutes: the servers start together, 2-3 minutes each on two cores."
+)
+
+
+def _setups(text: str) -> tuple[str, ...]:
+    from starsd.bench.vllm_compare import SETUPS
+
+    names = tuple(s.strip() for s in text.split(",") if s.strip())
+    unknown = [s for s in names if s not in SETUPS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"expected setups among {', '.join(SETUPS)}, got {text!r}")
+    return names
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from starsd.bench.vllm_compare import SETUPS
+    from starsd.bench.vllm_fleet import DEFAULT_VENV
+
+    parser.add_argument("--target", type=Path, default=Path("models/target"), help="target checkpoint for vLLM")
+    parser.add_argument("--draft", type=Path, default=Path("models/draft"), help="draft checkpoint (both drafts)")
+    parser.add_argument("--vllm-venv", type=Path, default=DEFAULT_VENV, help=f"vLLM's venv (default {DEFAULT_VENV})")
+    parser.add_argument(
+        "--setups", type=_setups, default=SETUPS, help=f"comma-separated, of {','.join(SETUPS)} (default: all)"
+    )
+    parser.add_argument("--concurrency", type=positive_ints, default=(1, 16), help="per replica (default 1,16)")
+    parser.add_argument("--requests", type=int, default=64, help="requests per client pass (default 64)")
+    parser.add_argument("--prompt-tokens", type=int, default=32, help="random prompt length (default 32)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (default 64)")
+    parser.add_argument("--gamma", type=int, default=4, help="num_speculative_tokens of every draft (default 4)")
+    parser.add_argument("--start-timeout", type=float, default=1200.0, help="seconds for all servers to start")
+    parser.add_argument("--log-dir", type=Path, help="servers' and clients' logs (default: a temporary folder)")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from starsd.bench.report import Machine
+    from starsd.bench.vllm_compare import VllmCompareConfig, VllmCompareReport, VllmPoint, measure
+
+    vllm = args.vllm_venv / "bin" / "vllm"
+    if not vllm.is_file():
+        return error(f"no vLLM at {vllm}: `make test-vllm` installs vLLM's CPU build there (docs/vllm.md)", "vllm")
+    for flag, path in (("--target", args.target), ("--draft", args.draft)):
+        if not (path / "config.json").is_file():
+            return error(f"{flag} {path} holds no checkpoint (no config.json)", "vllm")
+    if args.requests < 1 or args.prompt_tokens < 1 or args.max_tokens < 1 or args.gamma < 1:
+        return error("--requests, --prompt-tokens, --max-tokens and --gamma must be >= 1", "vllm")
+    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="starsd-bench-vllm-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    stderr_line(f"logs of every server and client pass: {log_dir}")
+    config = VllmCompareConfig(
+        target=args.target.resolve(),
+        draft=args.draft.resolve(),
+        venv=args.vllm_venv.resolve(),
+        concurrency=tuple(args.concurrency),
+        requests=args.requests,
+        input_len=args.prompt_tokens,
+        output_len=args.max_tokens,
+        gamma=args.gamma,
+        start_seconds=args.start_timeout,
+        log_dir=log_dir.resolve(),
+    )
+
+    def report(points: list[VllmPoint], machine: Machine) -> VllmCompareReport:
+        return VllmCompareReport(config, machine, points)
+
+    return measure_and_publish("vllm", lambda: measure(config, args.setups, stderr_line), report, args.json)
