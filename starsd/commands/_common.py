@@ -191,3 +191,17 @@ def api_keys_or_error(args: argparse.Namespace) -> list[str] | str:
     finally:
         args.api_key = None  # the keys live on only as the server's digests
     return keys
+
+
+def names_among(known: tuple[str, ...], expected: str | None = None) -> Callable[[str], tuple[str, ...]]:
+    """An argparse type for a comma-separated choice of one or more of ``known``, in the order given; a refusal
+    says what was expected (``expected``, by default ``some of`` the known names)."""
+    wanted = expected or f"some of {','.join(known)}"
+
+    def parse(text: str) -> tuple[str, ...]:
+        values = tuple(x.strip() for x in text.split(",") if x.strip())
+        if not values or any(v not in known for v in values):
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
+        return values
+
+    return parse

@@ -5,23 +5,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
-from starsd.commands._common import counts, from_flags
+from starsd.commands._common import counts, from_flags, names_among
 from starsd.commands.bench.common import add_model_args, error, model_error, stderr_line
-
-
-def _names(known: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
-    def parse(text: str) -> tuple[str, ...]:
-        values = tuple(x.strip() for x in text.split(",") if x.strip())
-        bad = [v for v in values if v not in known]
-        if bad or not values:
-            raise argparse.ArgumentTypeError(f"expected some of {','.join(known)}, got {text!r}")
-        return values
-
-    return parse
-
 
 HELP = "time one target step and one draft step of StarSD's runners per B, gamma, context and slot order"
 DESCRIPTION = (
@@ -37,14 +24,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     from starsd.bench.step import MODES, ROLES, SLOTS
 
     add_model_args(parser)
-    parser.add_argument("--roles", type=_names(ROLES), default=",".join(ROLES), help="which steps to time")
+    parser.add_argument("--roles", type=names_among(ROLES), default=",".join(ROLES), help="which steps to time")
     parser.add_argument("--batches", type=counts, default="1,4,16,32,64", help="rows (sessions) per step")
     parser.add_argument("--gammas", type=counts, default="2,4,8", help="drafts per row")
     parser.add_argument("--contexts", type=counts, default="128,1024", help="cached tokens per session at the start")
     slots, modes = ",".join(SLOTS), ",".join(MODES)
-    parser.add_argument("--slots", type=_names(SLOTS), default=slots, help="rows in slot order, or a random subset")
     parser.add_argument(
-        "--modes", type=_names(MODES), default=modes, help="eager, and CUDA graphs where the runners have them"
+        "--slots", type=names_among(SLOTS), default=slots, help="rows in slot order, or a random subset"
+    )
+    parser.add_argument(
+        "--modes", type=names_among(MODES), default=modes, help="eager, and CUDA graphs where the runners have them"
     )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")

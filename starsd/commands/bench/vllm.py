@@ -7,7 +7,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from starsd.commands._common import positive_ints
+from starsd.commands._common import names_among, positive_ints
 from starsd.commands.bench.common import error, measure_and_publish, stderr_line
 
 HELP = "vLLM + a StarSD draft vs vLLM alone and with its own draft; 2 replicas sharing 1 draft vs 2 drafts"
@@ -20,16 +20,6 @@ DESCRIPTION = (
 )
 
 
-def _setups(text: str) -> tuple[str, ...]:
-    from starsd.bench.vllm_compare import SETUPS
-
-    names = tuple(s.strip() for s in text.split(",") if s.strip())
-    unknown = [s for s in names if s not in SETUPS]
-    if not names or unknown:
-        raise argparse.ArgumentTypeError(f"expected setups among {', '.join(SETUPS)}, got {text!r}")
-    return names
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     from starsd.bench.vllm_compare import SETUPS
     from starsd.bench.vllm_fleet import DEFAULT_VENV
@@ -38,7 +28,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", type=Path, default=Path("models/draft"), help="draft checkpoint (both drafts)")
     parser.add_argument("--vllm-venv", type=Path, default=DEFAULT_VENV, help=f"vLLM's venv (default {DEFAULT_VENV})")
     parser.add_argument(
-        "--setups", type=_setups, default=SETUPS, help=f"comma-separated, of {','.join(SETUPS)} (default: all)"
+        "--setups",
+        type=names_among(SETUPS, f"setups among {', '.join(SETUPS)}"),
+        default=SETUPS,
+        help=f"comma-separated, of {','.join(SETUPS)} (default: all)",
     )
     parser.add_argument("--concurrency", type=positive_ints, default=(1, 16), help="per replica (default 1,16)")
     parser.add_argument("--requests", type=int, default=64, help="requests per client pass (default 64)")
