@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -14,18 +13,13 @@ from pathlib import Path
 from typing import IO
 
 from e2e.kube import Cluster, wait_until
+from starsd.local import free_port
 
 RELEASE = "starsd"
 RELEASE_NAMESPACE = "starsd-system"
 # The chart's image.registry here: the real node's containerd holds the images `make images` built, which it
 # names docker.io/starsd/NAME:TAG (what docker's starsd/NAME:TAG stands for); kwok's fake nodes pull nothing.
 IMAGE_REGISTRY = "docker.io"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def chart_path(cluster: Cluster) -> str:

@@ -106,10 +106,10 @@ def test_a_cluster_with_auth_and_clients_is_accepted_and_a_missing_secret_is_rep
     cluster.apply(json.dumps(rotated), namespace=namespace)
     second = wait_until(
         "a new digest after the key changed",
-        lambda: (d := _digests(cluster, namespace, "keyed")) != first and None not in d and d,
+        lambda: (d := _digests(cluster, namespace, "keyed")) != first and None not in d and len(d) == 1 and d,
         timeout=60,
-    )
-    assert len(second) == 1  # every pool takes the new template (a held pool replaces no pod until its turn)
+    )  # every pool takes the new template, one after the other (a held pool replaces no pod until its turn)
+    assert second != first and len(second) == 1
     for sts in _target_sets(cluster, namespace, "keyed"):
         assert "sk-second" not in str(sts) and "sk-first" not in str(sts)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -30,10 +31,39 @@ def default_models_dir() -> Path:
     return models_dir()
 
 
+_handed_out: set[int] = set()  # ports this process gave away already (a server may not have bound one yet)
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel gives outgoing connections (Linux; its default elsewhere)."""
+    with contextlib.suppress(OSError, ValueError):
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    return 32768, 60999
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on now, for a server started later.
+
+    Chosen below the kernel's ephemeral range when there is room: a port from that range can be taken by any
+    outgoing connection between now and the server's bind, which on a busy machine happens. Never the same port
+    twice in one process. A bind can still lose a race with another process: :class:`LocalStar` starts again
+    on new ports when one of its servers finds its port taken."""
+    low, _ = _ephemeral_range()
+    candidates = [random.randrange(10_000, low) for _ in range(64)] if low > 11_000 else []
+    for port in [*candidates, 0]:
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            chosen = int(s.getsockname()[1])
+        if chosen not in _handed_out:
+            _handed_out.add(chosen)
+            return chosen
+    raise OSError(f"no free port on {host}")
 
 
 def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 60.0) -> tuple[int, Any]:
@@ -55,6 +85,14 @@ class StartError(RuntimeError):
     """A process of the star did not come up; the message carries the end of its log."""
 
 
+class PortTaken(StartError):
+    """A process of the star exited because another process had taken its port first."""
+
+
+# What the draft (gRPC), the targets and the metrics servers (aiohttp) print when their port is taken.
+_PORT_TAKEN_MARKS = ("address already in use", "port in use")
+
+
 @dataclass
 class Proc:
     name: str
@@ -62,9 +100,11 @@ class Proc:
     log_path: Path
     popen: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = None
+    _log_start: int = 0  # where this run's lines begin in the log (a restart appends to it)
 
     def start(self, env: dict[str, str]) -> None:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - held open for the process's lifetime
+        self._log_start = self._log.tell()
         self.popen = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     def alive(self) -> bool:
@@ -89,10 +129,14 @@ class Proc:
             self._log = None
 
     def log_tail(self, lines: int = 20) -> str:
+        """The last ``lines`` lines this run of the process wrote."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            with open(self.log_path, "rb") as log:
+                log.seek(self._log_start)
+                text = log.read().decode(errors="replace")
         except OSError:
             return ""
+        return "\n".join(text.splitlines()[-lines:])
 
 
 @dataclass
@@ -132,12 +176,15 @@ class LocalStar:
         self._own_log_dir = self.log_dir is None
         self.log_dir = Path(self.log_dir or tempfile.mkdtemp(prefix="starsd-local-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)  # a --log-dir that does not exist yet is made
+        self._choose_ports()
+        self.draft_procs: list[Proc | None] = [None] * self.drafts
+        self.target_procs: list[Proc] = []
+
+    def _choose_ports(self) -> None:
         self.draft_ports = [free_port(self.host) for _ in range(self.drafts)]
         self.metrics_ports = [free_port(self.host) for _ in range(self.drafts)]
         self.draft_port, self.metrics_port = self.draft_ports[0], self.metrics_ports[0]  # draft 0's
         self.target_ports = [free_port(self.host) for _ in range(self.targets)]
-        self.draft_procs: list[Proc | None] = [None] * self.drafts
-        self.target_procs: list[Proc] = []
 
     # --- addresses -------------------------------------------------------------------------------------
 
@@ -210,8 +257,21 @@ class LocalStar:
         assert self.log_dir is not None
         return Proc(f"target-{i}", argv + self.target_args, self.log_dir / f"target-{i}.log")
 
-    def start(self, timeout: float = 300.0, wait_draft_link: bool = True) -> LocalStar:
-        """Start every process at once and wait until each is ready (and each target reached the draft)."""
+    def start(self, timeout: float = 300.0, wait_draft_link: bool = True, attempts: int = 3) -> LocalStar:
+        """Start every process at once and wait until each is ready (and each target reached the draft).
+
+        A process whose port another process took in the meantime makes the whole star start again on new
+        ports (the targets carry the drafts' addresses), at most ``attempts`` times in all."""
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start_once(timeout, wait_draft_link)
+            except PortTaken:
+                if attempt == attempts:
+                    raise
+                self._choose_ports()
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float, wait_draft_link: bool) -> LocalStar:
         env = self._env()
         self.draft_procs = [self._draft_proc(i) for i in range(self.drafts)]
         for draft in self.draft_procs:
@@ -236,7 +296,11 @@ class LocalStar:
     def _wait_ready(self, proc: Proc, url: str, deadline: float, need_draft: bool = False) -> None:
         while time.monotonic() < deadline:
             if not proc.alive():
-                raise StartError(f"{proc.name} exited during start-up; its log ends with:\n{proc.log_tail()}")
+                tail = proc.log_tail()
+                taken = any(mark in tail.lower() for mark in _PORT_TAKEN_MARKS)
+                raise (PortTaken if taken else StartError)(
+                    f"{proc.name} exited during start-up; its log ends with:\n{tail}"
+                )
             with contextlib.suppress(OSError, ValueError):
                 status, body = http_json(url, timeout=2.0)
                 if status == 200 and (not need_draft or body.get("draft_connected")):

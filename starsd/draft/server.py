@@ -84,11 +84,14 @@ class DraftServer:
         pb_grpc.add_DraftServicer_to_server(DraftServicer(self.core), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         address = f"{opts.host}:{opts.port}"
-        if opts.tls_cert and opts.tls_key:
-            creds = grpc.ssl_server_credentials([(opts.tls_key.read_bytes(), opts.tls_cert.read_bytes())])
-            self.grpc_port = server.add_secure_port(address, creds)
-        else:
-            self.grpc_port = server.add_insecure_port(address)
+        try:  # grpcio answers a port it cannot bind with 0 (older) or a RuntimeError (newer)
+            if opts.tls_cert and opts.tls_key:
+                creds = grpc.ssl_server_credentials([(opts.tls_key.read_bytes(), opts.tls_cert.read_bytes())])
+                self.grpc_port = server.add_secure_port(address, creds)
+            else:
+                self.grpc_port = server.add_insecure_port(address)
+        except RuntimeError:
+            self.grpc_port = 0
         if self.grpc_port == 0:
             raise OSError(f"cannot listen on {address} (port in use?)")
         await server.start()

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from starsd.local import free_port
+
 from .servers import HubMirror, TarballServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,13 +87,6 @@ def tarballs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TarballServer
     server.stop()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @dataclass(frozen=True)
 class S3:
     endpoint: str
@@ -124,7 +119,7 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3]:
     """moto's S3 server in its own process, checking credentials against its IAM (after the 3 set-up calls)."""
     import boto3
 
-    port = _free_port()
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     log = (tmp_path_factory.mktemp("moto") / "moto.log").open("w")
     proc = subprocess.Popen(

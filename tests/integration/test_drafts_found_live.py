@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +22,7 @@ from starsd.checkpoints import load_checkpoint
 from starsd.draft.core import DraftConfig
 from starsd.draft.proposers import ModelProposer
 from starsd.draft.server import DraftServer, DraftServerOptions
+from starsd.local import free_port
 from starsd.openai_api.app import TargetApp, TargetServerOptions
 from starsd.verifier.discovery import DnsSource, DraftDiscovery, assign_slots, order_for
 from starsd.verifier.draft_client import DraftClient, DraftClientOptions
@@ -36,12 +36,6 @@ PROMPTS = [[5, 17, 42, 7, 99], [3, 3, 8, 120], [64, 1, 2, 9, 77, 31], [11, 250, 
 MAX_TOKENS = 12
 WAIT = 120.0  # settling on a loaded machine
 log = logging.getLogger(__name__)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def until(condition: Callable[[], bool], what: str) -> None:
