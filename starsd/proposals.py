@@ -35,6 +35,7 @@ class Proposal:
     # Sampled proposals only: for each position, the top-k support and its exact probabilities.
     q_ids: list[list[int]] = field(default_factory=list)
     q_probs: list[list[float]] = field(default_factory=list)
+    ahead: int = 0  # how many of token_ids had been drafted ahead, before the request came (starsd.draft.runner)
 
 
 @dataclass(frozen=True)

@@ -315,6 +315,9 @@ class HeldProposer:
         self.clock.now += self.service * len(batch)
         return self.inner.propose_batch(batch)
 
+    def draft_ahead(self, stop):  # type: ignore[no-untyped-def]
+        pass
+
     def check(self) -> None:
         pass
 

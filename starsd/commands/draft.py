@@ -55,6 +55,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="run the model in a process of its own, so that serving and drafting do not share one Python "
         "interpreter lock (default; --no-model-process keeps it in the server's process)",
     )
+    parser.add_argument(
+        "--draft-ahead",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="while the targets verify, extend greedy sessions' drafts past the proposal (the target's expected "
+        "next token, then a whole next proposal), so that a fully accepted round is answered at once; it only "
+        "uses idle time and stops when a request waits (default; --no-draft-ahead drafts on request only)",
+    )
     add_threads_arg(parser)
     add_placement_args(parser)
     add_cuda_graphs_arg(parser)
@@ -98,13 +106,19 @@ def run(args: argparse.Namespace) -> int:
             from starsd.draft.model_process import ProcessProposer
 
             proposer = ProcessProposer(
-                args.model, args.threads, device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs
+                args.model,
+                args.threads,
+                device=args.device,
+                dtype=args.dtype,
+                cuda_graphs=args.cuda_graphs,
+                ahead=args.draft_ahead,
             )
         elif args.model is not None:
             from starsd.checkpoints import load_checkpoint, set_threads
 
             set_threads(args.threads)
-            proposer = ModelProposer(load_checkpoint(args.model, args.device, args.dtype), args.cuda_graphs)
+            loaded = load_checkpoint(args.model, args.device, args.dtype)
+            proposer = ModelProposer(loaded, args.cuda_graphs, args.draft_ahead)
         else:
             service = args.emulate_service_time
             curve = BatchCurve.parse(args.batch_curve, unbatched=service) if args.batch_curve else None

@@ -249,6 +249,8 @@ class DraftCore:
             batch = self.buffer.take(self.config.max_batch, timeout=0.5, gather=self.config.gather_seconds)
             if batch:
                 self._compute(batch)
+                if not len(self.buffer):
+                    self._draft_ahead()
                 continue
             try:
                 self.proposer.check()  # idle: a dead model must not wait for the next request to be noticed
@@ -272,6 +274,15 @@ class DraftCore:
         end = self.clock()
         # Everything else happens on the event loop, so this thread goes straight to the next request.
         batch[0].stream.loop.call_soon_threadsafe(self._finish, batch, proposals, start, end)
+
+    def _draft_ahead(self) -> None:
+        """Idle time after a batch: the proposer drafts ahead until a request waits (or the draft stops)."""
+        try:
+            self.proposer.draft_ahead(lambda: len(self.buffer) > 0 or self._stopping.is_set())
+        except ProposerFailed as exc:
+            self._failed_in_thread(exc, self._loop)
+        except Exception:  # an optimisation only: the next request drafts from where its session is
+            log.exception("drafting ahead failed")
 
     def _failed_in_thread(self, exc: ProposerFailed, loop: asyncio.AbstractEventLoop | None) -> None:
         log.critical("%s; the draft stops serving so that it is restarted", exc)
@@ -299,6 +310,9 @@ class DraftCore:
                 response.draft_sessions = len(self.sessions)
                 response.queue_seconds = max(0.0, start - work.enqueued)
                 self.metrics.draft_tokens.inc(len(proposal.token_ids))
+                if proposal.ahead:
+                    self.metrics.ahead_hits.inc()
+                    self.metrics.ahead_tokens.inc(proposal.ahead)
             self.metrics.requests.inc()
             self.metrics.service_seconds.observe(per_request)
             work.session.last_draft_seconds = end - work.enqueued

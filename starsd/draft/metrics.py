@@ -12,6 +12,16 @@ class DraftMetrics:
         self.busy_seconds = Counter("starsd_draft_busy_seconds", "Seconds the draft spent computing", registry=r)
         self.requests = Counter("starsd_draft_requests", "Proposal requests answered", registry=r)
         self.draft_tokens = Counter("starsd_spec_decode_num_draft_tokens", "Tokens proposed by the draft", registry=r)
+        self.ahead_hits = Counter(
+            "starsd_draft_ahead_hits",
+            "Requests whose proposal had been drafted ahead, while the target verified",
+            registry=r,
+        )
+        self.ahead_tokens = Counter(
+            "starsd_draft_ahead_tokens",
+            "Proposed tokens that had been drafted ahead, while the target verified",
+            registry=r,
+        )
         self.dropped = Counter(
             "starsd_draft_requests_dropped", "Queued requests dropped because their target disconnected", registry=r
         )

@@ -19,6 +19,7 @@ import multiprocessing
 import signal
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -55,13 +56,14 @@ class ProcessProposer:
         device: str = "cpu",
         dtype: str = "float32",
         cuda_graphs: str = "auto",
+        ahead: bool = True,
     ) -> None:
         checkpoint_dir(model)  # a wrong path is reported at once, before a process is started for it
         ctx = multiprocessing.get_context("spawn")  # no fork: the parent's threads and locks stay behind
         self._conn, child = ctx.Pipe()
         self._process = ctx.Process(
             target=worker_main,
-            args=(child, str(model), threads, device, dtype, cuda_graphs),
+            args=(child, str(model), threads, device, dtype, cuda_graphs, ahead),
             name="starsd-draft-model",
             daemon=True,
         )
@@ -70,6 +72,7 @@ class ProcessProposer:
         self._ids = itertools.count(1)
         self._freed: collections.deque[int] = collections.deque()  # appended by finalizers, on any thread
         self._lock = threading.Lock()  # one batch in flight on the pipe
+        self._gone = False  # its pipe broke: it exited, or is exiting
         try:
             if not self._conn.poll(start_timeout):
                 raise ModelLoadError(f"the draft model process did not load {str(model)!r} in {start_timeout:.0f} s")
@@ -106,12 +109,17 @@ class ProcessProposer:
                 self._conn.send(("batch", freed, items))
                 kind, payload = self._conn.recv()
             except (EOFError, OSError, BrokenPipeError) as exc:
+                self._gone = True
+                self._process.join(2)  # its pipe closes as it exits: wait for the exit code
                 raise ModelProcessGone(
                     f"the draft model process {self.pid} is gone (exit code {self._process.exitcode}): {exc}"
                 ) from None
         if kind == "error":
             raise RuntimeError(payload)
-        return [Proposal(ids, q_ids, q_probs) for ids, q_ids, q_probs in payload]
+        return [Proposal(ids, q_ids, q_probs, ahead) for ids, q_ids, q_probs, ahead in payload]
+
+    def draft_ahead(self, stop: Callable[[], bool]) -> None:
+        pass  # the model process drafts ahead by itself after each batch, until the next message arrives
 
     def states_held(self) -> int:
         """How many session states the model process holds (after freeing those already dropped here)."""
@@ -124,7 +132,7 @@ class ProcessProposer:
         return int(count)
 
     def check(self) -> None:
-        if not self._process.is_alive():
+        if self._gone or not self._process.is_alive():
             raise ModelProcessGone(f"the draft model process {self.pid} exited (exit code {self._process.exitcode})")
 
     def close(self, timeout: float = 5.0) -> None:
@@ -148,8 +156,10 @@ def worker_main(
     device: str = "cpu",
     dtype: str = "float32",
     cuda_graphs: str = "auto",
+    ahead: bool = True,
 ) -> None:
-    """The model process: load the checkpoint, then answer batches until told to stop or the parent is gone."""
+    """The model process: load the checkpoint, then answer batches until told to stop or the parent is gone;
+    between a batch and the next message it drafts ahead (see :mod:`starsd.draft.runner`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server shuts us down
     from starsd.checkpoints import load_checkpoint, set_threads
     from starsd.draft.proposers import proposer_info
@@ -159,7 +169,7 @@ def worker_main(
     set_threads(threads)
     try:
         loaded = load_checkpoint(model, device, dtype)
-        runner = DraftRunner(loaded, cuda_graphs)
+        runner = DraftRunner(loaded, cuda_graphs, ahead)
     except (ModelLoadError, ValueError) as exc:
         conn.send(("error", str(exc)))
         return
@@ -188,7 +198,12 @@ def worker_main(
             requests.append(DraftRequest(state, tokens, gamma, params, top_k))
         try:
             proposals = runner.propose_batch(requests)
-            reply: tuple[str, Any] = ("ok", [(p.token_ids, p.q_ids, p.q_probs) for p in proposals])
+            reply: tuple[str, Any] = ("ok", [(p.token_ids, p.q_ids, p.q_probs, p.ahead) for p in proposals])
         except Exception as exc:  # one bad batch must not end the process: the server answers its error
             reply = ("error", f"{type(exc).__name__}: {exc}")
         conn.send(reply)
+        if reply[0] == "ok":
+            try:
+                runner.draft_ahead(conn.poll)  # until the server sends anything
+            except Exception:  # drafting ahead is an optimisation: the next request drafts from scratch
+                log.exception("drafting ahead failed")

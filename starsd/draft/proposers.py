@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -42,6 +43,9 @@ class Proposer(Protocol):
 
     def propose_batch(self, batch: list[ProposalRequest]) -> list[Proposal]: ...
 
+    def draft_ahead(self, stop: Callable[[], bool]) -> None:
+        """Idle (no request waits): draft ahead for the latest batch's greedy sessions until ``stop()``."""
+
     def check(self) -> None:
         """Raise :class:`ProposerFailed` if the proposer can no longer compute (called while idle)."""
 
@@ -51,10 +55,10 @@ class Proposer(Protocol):
 class ModelProposer:
     """Proposals from a real draft checkpoint (one forward pass per token, per session)."""
 
-    def __init__(self, loaded: LoadedModel, cuda_graphs: str = "auto") -> None:
+    def __init__(self, loaded: LoadedModel, cuda_graphs: str = "auto", ahead: bool = True) -> None:
         from starsd.draft.runner import DraftRunner  # torch: only where the model runs in this process
 
-        self.runner = DraftRunner(loaded, cuda_graphs)
+        self.runner = DraftRunner(loaded, cuda_graphs, ahead)
         self.info = proposer_info(loaded)
 
     def new_state(self, seed: int | None) -> Any:
@@ -62,6 +66,9 @@ class ModelProposer:
 
     def propose_batch(self, batch: list[ProposalRequest]) -> list[Proposal]:
         return self.runner.propose_batch(batch)
+
+    def draft_ahead(self, stop: Callable[[], bool]) -> None:
+        self.runner.draft_ahead(stop)
 
     def check(self) -> None:
         pass
@@ -111,6 +118,9 @@ class EmulatedProposer:
         service = self.service_time * n if self.curve is None else curve_time(self.curve, n)  # no curve: no gain
         _hold(service + self.token_time * max(r.gamma for r in batch))
         return [Proposal(token_ids=[i % self.info.vocab_size for i in range(r.gamma)]) for r in batch]
+
+    def draft_ahead(self, stop: Callable[[], bool]) -> None:
+        pass  # proposals of an emulated draft are fixed: nothing to draft ahead
 
     def check(self) -> None:
         pass

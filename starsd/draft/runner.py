@@ -10,12 +10,23 @@ forward pass per token (:meth:`DraftRunner.propose_batch`). The sessions' caches
 :class:`starsd.kvcache.SlotPool`, as the target's), the chosen tokens stay on the device between passes, and
 the whole proposal comes to the host in one copy at the end. (The target's counterpart is
 :class:`starsd.verifier.runner.TargetRunner`.)
+
+Drafting ahead (greedy sessions): a greedy draft's proposals are its own greedy continuation of the committed
+text, so the runner keeps that continuation (a session's ``chain``) and, while the target verifies, extends it
+past the proposal: first the token the draft expects the target to add after accepting every proposal, then a
+whole next proposal (:meth:`DraftRunner.draft_ahead`, run when no request waits and stopped as soon as one does).
+When the target's next request brings exactly the tokens the chain predicted (every proposal accepted and the
+target's own next token the one expected), the next proposal is already there, and only what is still missing is
+drafted. Anything else drops the chain: the slot keeps what agrees, as without drafting ahead. Which tokens are
+proposed never changes what the target outputs (the target verifies them); drafting ahead changes when they are
+computed, not what a greedy draft proposes.
 """
 
 from __future__ import annotations
 
 import inspect
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,9 +57,17 @@ class DraftSessionState:
     """The draft's private state for one target session."""
 
     committed: list[int] = field(default_factory=list)  # every token the target has committed so far
-    cached: list[int] = field(default_factory=list)  # tokens whose keys/values are in the slot
+    cached: list[int] = field(default_factory=list)  # tokens whose keys/values are in the slot (a prefix of context)
     slot: Any = None  # starsd.kvcache.PoolSlot, from the session's first forward pass
     generator: torch.Generator | None = None
+    # The draft's greedy continuation of ``committed`` (empty unless the last request was greedy): the last
+    # proposal, and past it whatever was drafted ahead.
+    chain: list[int] = field(default_factory=list)
+    ahead_to: int = 0  # how long ``chain`` should grow while the target verifies (0: no drafting ahead)
+
+    @property
+    def context(self) -> list[int]:
+        return self.committed + self.chain
 
 
 @dataclass
@@ -57,18 +76,31 @@ class _Row:
 
     index: int  # in the request list
     feed: list[int]
-    gamma: int
+    gamma: int  # tokens to draft in this batch
+    ready: list[int] = field(default_factory=list)  # proposed tokens already drafted ahead
+
+
+@dataclass
+class _Drawn:
+    """A batch's draws on the host: ``tokens[t][b]`` at step ``t`` for row ``b``; for sampled rows, each step's
+    support ids and probabilities as well."""
+
+    tokens: list[list[int]]
+    ids: list[list[list[int]]] | None
+    q: list[list[list[float]]] | None
 
 
 class DraftRunner:
     """Proposes tokens for many sessions from one small model."""
 
-    def __init__(self, loaded: LoadedModel, cuda_graphs: str = "auto") -> None:
+    def __init__(self, loaded: LoadedModel, cuda_graphs: str = "auto", ahead: bool = True) -> None:
         """``cuda_graphs``: ``auto`` (on with CUDA), ``on`` or ``off``: replay the decoding steps from captured
-        CUDA graphs (see :mod:`starsd.cuda_graphs`)."""
+        CUDA graphs (see :mod:`starsd.cuda_graphs`). ``ahead``: draft ahead for greedy sessions while idle."""
         from starsd.cuda_graphs import graphs_enabled
 
         self.loaded = loaded
+        self.ahead = ahead
+        self._last: list[DraftSessionState] = []  # the greedy sessions of the latest batch: drafted ahead next
         self._lock = threading.Lock()  # one forward pass at a time on this model
         self._pool: Any = None  # starsd.kvcache.SlotPool, made with the first forward pass
         self._use_graphs = graphs_enabled(cuda_graphs, loaded.device)
@@ -101,18 +133,29 @@ class DraftRunner:
     def _logits_to_keep(self) -> bool:
         return "logits_to_keep" in inspect.signature(self.loaded.model.forward).parameters
 
-    def _sync(self, state: DraftSessionState, new_tokens: list[int], gamma: int) -> tuple[list[int], int]:
-        """Append the newly committed tokens, drop rejected proposals from the slot; return (feed, gamma)."""
+    def _sync(self, state: DraftSessionState, new_tokens: list[int], gamma: int, greedy: bool) -> _Row | None:
+        """Append the newly committed tokens, drop what they contradict; return what this request still needs
+        drafted (None: nothing to propose)."""
         before = len(state.committed)
         state.committed.extend(new_tokens)
         committed = state.committed
-        # Keep the cached prefix that agrees with the committed text; at least one token must be fed.
-        keep = max(0, min(agreed_prefix(state.cached, before, new_tokens), len(committed) - 1))
-        del state.cached[keep:]
+        chain = state.chain
+        if greedy and len(chain) > len(new_tokens) and chain[: len(new_tokens)] == new_tokens:
+            # Predicted: the slot agrees with the whole context, the rest of the chain is the draft's proposal.
+            del chain[: len(new_tokens)]
+        else:
+            chain.clear()
+            # Keep the cached prefix that agrees with the committed text; at least one token must be fed.
+            keep = max(0, min(agreed_prefix(state.cached, before, new_tokens), len(committed) - 1))
+            del state.cached[keep:]
         gamma = max(0, min(gamma, self.loaded.max_context - len(committed)))
+        state.ahead_to = 0
         if gamma == 0 or not committed:
-            return [], 0
-        return committed[keep:], gamma
+            chain.clear()
+            return None
+        ready = chain[:gamma]
+        feed = [] if len(ready) == gamma else state.context[len(state.cached) :]
+        return _Row(-1, feed, gamma - len(ready), ready)
 
     def propose(
         self,
@@ -133,34 +176,93 @@ class DraftRunner:
         with self._lock, torch.inference_mode():
             rows: list[_Row] = []
             for i, r in enumerate(requests):
-                feed, gamma = self._sync(r.state, r.new_tokens, r.gamma)
-                if gamma:
-                    rows.append(_Row(i, feed, gamma))
+                row = self._sync(r.state, r.new_tokens, r.gamma, r.params.greedy)
+                if row is None:
+                    continue
+                row.index = i
+                proposals[i].ahead = len(row.ready)
+                if row.gamma:
+                    rows.append(row)
+                else:
+                    proposals[i].token_ids = list(row.ready)
             if rows:
-                self._batched_steps(requests, rows, proposals)
+                self._propose_rows(requests, rows, proposals)
+            self._last = []
+            for r in requests:
+                state = r.state
+                if self.ahead and r.params.greedy and state.chain and state.slot is not None:
+                    # The token expected after the proposal, then a whole next proposal.
+                    room = self.loaded.max_context - len(state.committed)
+                    state.ahead_to = min(len(state.chain) + 1 + r.gamma, room)
+                    self._last.append(state)
         return proposals
 
-    def _batched_steps(self, requests: list[DraftRequest], rows: list[_Row], proposals: list[Proposal]) -> None:
+    def _propose_rows(self, requests: list[DraftRequest], rows: list[_Row], proposals: list[Proposal]) -> None:
+        states = [requests[row.index].state for row in rows]
+        params = [requests[row.index].params for row in rows]
+        top_ks = [requests[row.index].top_k for row in rows]
+        drawn = self._draft(states, [row.feed for row in rows], [row.gamma for row in rows], params, top_ks)
+        for b, (row, state) in enumerate(zip(rows, states, strict=True)):
+            out = proposals[row.index]
+            new = [drawn.tokens[t][b] for t in range(row.gamma)]
+            out.token_ids = row.ready + new
+            if drawn.ids is not None and drawn.q is not None and not params[b].greedy:
+                out.q_ids = [drawn.ids[t][b][: min(top_ks[b], self.vocab_size)] for t in range(row.gamma)]
+                out.q_probs = [drawn.q[t][b][: min(top_ks[b], self.vocab_size)] for t in range(row.gamma)]
+            state.cached.extend(row.feed)
+            state.cached.extend(new[:-1])  # the last proposal is never fed
+            state.chain = list(out.token_ids) if params[b].greedy else []  # a copy: drafting ahead extends it
+
+    def draft_ahead(self, stop: Callable[[], bool]) -> int:
+        """Extend the chains of the latest batch's greedy sessions, one forward pass at a time, until they are
+        long enough or ``stop()`` says a request waits; returns how many passes ran."""
+        if not self.ahead:
+            return 0
+        with self._lock, torch.inference_mode():
+            states = [s for s in self._last if len(s.chain) < s.ahead_to and s.slot is not None]
+            self._last = []
+            if not states or stop():
+                return 0
+            want = [s.ahead_to - len(s.chain) for s in states]
+            feeds = [s.context[len(s.cached) :] for s in states]
+            greedy = [SamplingParams(temperature=0.0)] * len(states)
+            drawn = self._draft(states, feeds, want, greedy, [1] * len(states), stop=stop)
+            steps = len(drawn.tokens)
+            for b, (state, feed) in enumerate(zip(states, feeds, strict=True)):
+                new = [drawn.tokens[t][b] for t in range(min(steps, want[b]))]  # a row past its own want: unused
+                state.cached.extend(feed)
+                state.cached.extend(new[:-1])
+                state.chain.extend(new)
+            return steps
+
+    def _draft(
+        self,
+        states: list[DraftSessionState],
+        feeds: list[list[int]],
+        gammas: list[int],
+        params: list[SamplingParams],
+        top_ks: list[int],
+        stop: Callable[[], bool] | None = None,
+    ) -> _Drawn:
+        """Draft ``max(gammas)`` tokens for every row, one forward pass per token (a row past its own gamma
+        feeds on: its extra keys are never attended); ``stop`` ends it early, between passes."""
         from starsd import kvcache
 
         pool = self._slot_pool()
-        states = [requests[row.index].state for row in rows]
         for s in states:
             if s.slot is None:
                 s.slot = pool.take()
-        steps = max(row.gamma for row in rows)
+        steps = max(gammas)
         cached = [len(s.cached) for s in states]
-        widths = [len(row.feed) for row in rows]
+        widths = [len(feed) for feed in feeds]
         pool.reserve(1 + max(c + w for c, w in zip(cached, widths, strict=True)) + steps)
         slots = [s.slot for s in states]
         at = pool.rows_of(slots)
         model, device = self.loaded.model, self.loaded.device
-        params = [requests[row.index].params for row in rows]
-        top_ks = [requests[row.index].top_k for row in rows]
         generators = [s.generator for s in states]
-        batch = len(rows)
+        batch = len(states)
         graphs = self._graphs
-        inputs = kvcache.step_inputs([row.feed for row in rows], at, cached, widths, device, graphs is not None)
+        inputs = kvcache.step_inputs(feeds, at, cached, widths, device, graphs is not None)
         kwargs: dict[str, Any] = {"logits_to_keep": 1} if self._logits_to_keep() else {}  # the last position only
         cache = pool.step_cache(slots, cached, widths, inputs)
         logits = model(
@@ -170,7 +272,8 @@ class DraftRunner:
         lengths = [c + w for c, w in zip(cached, widths, strict=True)]
         ones = [1] * batch
         for step in range(1, steps):
-            # Every row feeds its last draw (a row past its own gamma too: its extra keys are never attended).
+            if stop is not None and stop():
+                break
             inputs = inputs.next_token()
             logits = None
             if graphs is not None and inputs.positions is not None and inputs.mask is not None:
@@ -183,18 +286,11 @@ class DraftRunner:
                     **kvcache.with_cache(cache),
                     **inputs.model_kwargs(),
                 ).logits[:, -1]
-            live = [step < row.gamma for row in rows]
+            live = [step < gamma for gamma in gammas]
             drawn.append(draw_proposals(logits, params, top_ks, generators, live))
             lengths = [n + 1 for n in lengths]
-        tokens, ids, q = _to_host(drawn)  # the proposal's one device-to-host copy
-        for b, (row, state) in enumerate(zip(rows, states, strict=True)):
-            out = proposals[row.index]
-            out.token_ids = [tokens[t][b] for t in range(row.gamma)]
-            if ids is not None and q is not None and not params[b].greedy:
-                out.q_ids = [ids[t][b][: min(top_ks[b], self.vocab_size)] for t in range(row.gamma)]
-                out.q_probs = [q[t][b][: min(top_ks[b], self.vocab_size)] for t in range(row.gamma)]
-            state.cached.extend(row.feed)
-            state.cached.extend(out.token_ids[: row.gamma - 1])  # the last proposal is never fed
+        tokens, ids, q = _to_host(drawn)  # the draws' one device-to-host copy
+        return _Drawn(tokens, ids, q)
 
 
 def _to_host(

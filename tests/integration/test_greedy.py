@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from starsd.local import LocalStar, http_json
 from tests.integration.conftest import PROMPTS, Reference, start_star
@@ -46,6 +48,12 @@ def test_one_target_one_draft_equals_the_target_alone(star1: LocalStar, referenc
         accepted += body["starsd"]["accepted_tokens"]
         assert body["starsd"]["fallback_tokens"] == 0
     assert drafted > 0 and accepted > 0  # the draft really took part
+    # While the target verified, the draft drafted ahead; rounds it predicted whole were answered from that
+    # (the outputs above are the target's all the same).
+    metrics = urllib.request.urlopen(f"http://{star1.host}:{star1.metrics_port}/metrics", timeout=10).read().decode()
+    totals = {m.name: m.value for family in text_string_to_metric_families(metrics) for m in family.samples}
+    assert totals["starsd_draft_ahead_hits_total"] > 0
+    assert totals["starsd_draft_ahead_tokens_total"] <= totals["starsd_spec_decode_num_draft_tokens_total"]
 
 
 def test_four_targets_sharing_one_draft_under_concurrent_load(star4: LocalStar, reference: Reference) -> None:
