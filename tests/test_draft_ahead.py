@@ -31,7 +31,7 @@ def draft(shipped_pair: tuple[Path, Path]) -> LoadedModel:
 
 def fresh(draft: LoadedModel, committed: list[int], gamma: int = GAMMA) -> list[int]:
     """What a session that has seen nothing yet proposes after ``committed``."""
-    runner = DraftRunner(draft, ahead=False)
+    runner = DraftRunner(draft, ahead="off")
     return runner.propose(runner.new_state(None), committed, gamma, GREEDY, 8).token_ids
 
 
@@ -40,7 +40,7 @@ def never() -> bool:
 
 
 def test_a_fully_predicted_round_is_answered_from_what_was_drafted_ahead(draft: LoadedModel) -> None:
-    runner = DraftRunner(draft)
+    runner = DraftRunner(draft, ahead="on")
     state = runner.new_state(None)
     first = runner.propose(state, PROMPT, GAMMA, GREEDY, 8)
     assert first.ahead == 0 and first.token_ids == fresh(draft, PROMPT)
@@ -55,7 +55,7 @@ def test_a_fully_predicted_round_is_answered_from_what_was_drafted_ahead(draft: 
 
 
 def test_a_rejection_drops_the_chain_and_drafts_as_without_it(draft: LoadedModel) -> None:
-    runner = DraftRunner(draft)
+    runner = DraftRunner(draft, ahead="on")
     state = runner.new_state(None)
     first = runner.propose(state, PROMPT, GAMMA, GREEDY, 8)
     runner.draft_ahead(never)
@@ -68,7 +68,7 @@ def test_a_rejection_drops_the_chain_and_drafts_as_without_it(draft: LoadedModel
 
 
 def test_a_target_token_other_than_the_expected_one_is_a_miss(draft: LoadedModel) -> None:
-    runner = DraftRunner(draft)
+    runner = DraftRunner(draft, ahead="on")
     state = runner.new_state(None)
     first = runner.propose(state, PROMPT, GAMMA, GREEDY, 8)
     runner.draft_ahead(never)
@@ -80,7 +80,7 @@ def test_a_target_token_other_than_the_expected_one_is_a_miss(draft: LoadedModel
 
 
 def test_drafting_ahead_stopped_early_keeps_what_it_drafted(draft: LoadedModel) -> None:
-    runner = DraftRunner(draft)
+    runner = DraftRunner(draft, ahead="on")
     state = runner.new_state(None)
     first = runner.propose(state, PROMPT, GAMMA, GREEDY, 8)
     calls = iter([False, False, True])  # asked before the first pass and after each: two passes, then a request
@@ -93,7 +93,7 @@ def test_drafting_ahead_stopped_early_keeps_what_it_drafted(draft: LoadedModel) 
 
 
 def test_nothing_is_drafted_ahead_when_a_request_already_waits(draft: LoadedModel) -> None:
-    runner = DraftRunner(draft)
+    runner = DraftRunner(draft, ahead="on")
     state = runner.new_state(None)
     runner.propose(state, PROMPT, GAMMA, GREEDY, 8)
     assert runner.draft_ahead(lambda: True) == 0
@@ -101,16 +101,16 @@ def test_nothing_is_drafted_ahead_when_a_request_already_waits(draft: LoadedMode
 
 
 def test_sampled_sessions_and_a_runner_without_it_draft_nothing_ahead(draft: LoadedModel) -> None:
-    runner = DraftRunner(draft)
+    runner = DraftRunner(draft, ahead="on")
     runner.propose(runner.new_state(11), PROMPT, GAMMA, SAMPLED, 8)
     assert runner.draft_ahead(never) == 0
-    off = DraftRunner(draft, ahead=False)
+    off = DraftRunner(draft, ahead="off")
     off.propose(off.new_state(None), PROMPT, GAMMA, GREEDY, 8)
     assert off.draft_ahead(never) == 0
 
 
 def test_a_batch_drafts_ahead_together_and_each_session_keeps_its_own_chain(draft: LoadedModel) -> None:
-    runner = DraftRunner(draft)
+    runner = DraftRunner(draft, ahead="on")
     prompts = [PROMPT, [9, 8, 7, 6], [300, 301]]
     states = [runner.new_state(None) for _ in prompts]
     firsts = runner.propose_batch([DraftRequest(s, p, GAMMA, GREEDY, 8) for s, p in zip(states, prompts, strict=True)])
@@ -127,7 +127,7 @@ def test_speculating_with_the_target_as_its_own_draft_hits_every_round(shipped_p
     ahead, and the output is still plain greedy decoding."""
     target = load_checkpoint(shipped_pair[1])
     reference = autoregressive_reference(target, PROMPT, 24)
-    runner, proposer = TargetRunner(target), DraftRunner(target)
+    runner, proposer = TargetRunner(target), DraftRunner(target, ahead="on")
     session = runner.new_session(PROMPT)
     state = proposer.new_state(None)
     out: list[int] = []
@@ -142,3 +142,14 @@ def test_speculating_with_the_target_as_its_own_draft_hits_every_round(shipped_p
         new = verdict.tokens
     assert out[:24] == reference[:24]
     assert ahead[0] == 0 and all(a == 3 for a in ahead[1:])
+
+
+def test_auto_drafts_ahead_only_with_an_accelerator_of_its_own() -> None:
+    import torch
+
+    from starsd.draft.runner import ahead_enabled
+
+    assert ahead_enabled("auto", torch.device("cuda", 0)) and not ahead_enabled("auto", torch.device("cpu"))
+    assert ahead_enabled("on", torch.device("cpu")) and not ahead_enabled("off", torch.device("cuda", 0))
+    with pytest.raises(ValueError, match="--draft-ahead must be one of auto, on, off"):
+        ahead_enabled("sometimes", torch.device("cpu"))

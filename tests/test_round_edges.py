@@ -86,7 +86,7 @@ def test_the_draw_follows_its_distribution_and_never_picks_an_impossible_token()
 
 
 def test_the_draft_runner_seeds_its_sessions_with_the_draft_stream() -> None:
-    runner = DraftRunner(SimpleNamespace(device=torch.device("cpu")))  # type: ignore[arg-type]
+    runner = DraftRunner(SimpleNamespace(device=torch.device("cpu")), lean=False)  # type: ignore[arg-type]
     state = runner.new_state(1234)
     probs = torch.full((1000,), 1e-3)
     draws = [sample(probs, state.generator) for _ in range(5)]

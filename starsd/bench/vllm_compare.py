@@ -53,6 +53,7 @@ class VllmCompareConfig:
     gamma: int  # num_speculative_tokens of every speculating setup
     start_seconds: float  # how long the servers may take to start, together
     log_dir: Path
+    draft_args: tuple[str, ...] = ()  # more `starsd draft` options for the StarSD draft
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,9 @@ def measure(config: VllmCompareConfig, setups: Sequence[str], progress: Callable
     """Start one StarSD draft and the replicas the setups need, then load each setup at each concurrency."""
     from starsd.local import LocalStar
 
-    star = LocalStar(draft_model=config.draft, targets=0, log_dir=config.log_dir / "draft")
+    star = LocalStar(
+        draft_model=config.draft, targets=0, log_dir=config.log_dir / "draft", draft_args=list(config.draft_args)
+    )
     progress(f"starting a StarSD draft on {config.draft}")
     star.start()
     try:

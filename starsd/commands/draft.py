@@ -57,11 +57,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--draft-ahead",
-        action=argparse.BooleanOptionalAction,
-        default=True,
+        default="auto",
+        choices=("auto", "on", "off"),
         help="while the targets verify, extend greedy sessions' drafts past the proposal (the target's expected "
-        "next token, then a whole next proposal), so that a fully accepted round is answered at once; it only "
-        "uses idle time and stops when a request waits (default; --no-draft-ahead drafts on request only)",
+        "next token, then a whole next proposal), so that a fully accepted round is answered at once; it runs "
+        "only while no request waits (default auto: on with CUDA, off on the CPU, whose cores the other "
+        "processes need)",
     )
     add_threads_arg(parser)
     add_placement_args(parser)

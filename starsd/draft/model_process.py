@@ -56,7 +56,7 @@ class ProcessProposer:
         device: str = "cpu",
         dtype: str = "float32",
         cuda_graphs: str = "auto",
-        ahead: bool = True,
+        ahead: str = "auto",
     ) -> None:
         checkpoint_dir(model)  # a wrong path is reported at once, before a process is started for it
         ctx = multiprocessing.get_context("spawn")  # no fork: the parent's threads and locks stay behind
@@ -156,7 +156,7 @@ def worker_main(
     device: str = "cpu",
     dtype: str = "float32",
     cuda_graphs: str = "auto",
-    ahead: bool = True,
+    ahead: str = "auto",
 ) -> None:
     """The model process: load the checkpoint, then answer batches until told to stop or the parent is gone;
     between a batch and the next message it drafts ahead (see :mod:`starsd.draft.runner`)."""

@@ -55,7 +55,7 @@ class Proposer(Protocol):
 class ModelProposer:
     """Proposals from a real draft checkpoint (one forward pass per token, per session)."""
 
-    def __init__(self, loaded: LoadedModel, cuda_graphs: str = "auto", ahead: bool = True) -> None:
+    def __init__(self, loaded: LoadedModel, cuda_graphs: str = "auto", ahead: str = "auto") -> None:
         from starsd.draft.runner import DraftRunner  # torch: only where the model runs in this process
 
         self.runner = DraftRunner(loaded, cuda_graphs, ahead)

@@ -24,7 +24,9 @@ computed, not what a greedy draft proposes.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +38,20 @@ from starsd.checkpoints import LoadedModel
 from starsd.proposals import DraftRequest, Proposal
 from starsd.sampling import SamplingParams, draft_generator, draw_proposals
 from starsd.seeding import request_seed
+
+log = logging.getLogger(__name__)
+
+
+AHEAD_MODES = ("auto", "on", "off")
+
+
+def ahead_enabled(mode: str, device: torch.device) -> bool:
+    """Whether ``--draft-ahead mode`` drafts ahead on ``device``: ``auto`` does where the draft has an accelerator
+    of its own. On a CPU the cores are shared: on two of them, measured beside vLLM (docs/vllm.md), drafting
+    ahead took the CPU time the target's verify pass needed and cost more than its hits saved."""
+    if mode not in AHEAD_MODES:
+        raise ValueError(f"--draft-ahead must be one of {', '.join(AHEAD_MODES)}, got {mode!r}")
+    return mode == "on" or (mode == "auto" and device.type == "cuda")
 
 
 def agreed_prefix(cached: list[int], before: int, new_tokens: list[int]) -> int:
@@ -93,18 +109,29 @@ class _Drawn:
 class DraftRunner:
     """Proposes tokens for many sessions from one small model."""
 
-    def __init__(self, loaded: LoadedModel, cuda_graphs: str = "auto", ahead: bool = True) -> None:
+    def __init__(self, loaded: LoadedModel, cuda_graphs: str = "auto", ahead: str = "auto", lean: bool = True) -> None:
         """``cuda_graphs``: ``auto`` (on with CUDA), ``on`` or ``off``: replay the decoding steps from captured
-        CUDA graphs (see :mod:`starsd.cuda_graphs`). ``ahead``: draft ahead for greedy sessions while idle."""
+        CUDA graphs (see :mod:`starsd.cuda_graphs`). ``ahead``: ``auto`` (on with CUDA), ``on`` or ``off``: draft
+        ahead for greedy sessions while idle (:func:`ahead_enabled`). ``lean``: decode Llama-shaped models with
+        :class:`starsd.lean_decode.LeanDecoder` rather than the model's own forward pass."""
         from starsd.cuda_graphs import graphs_enabled
 
         self.loaded = loaded
-        self.ahead = ahead
+        self.ahead = ahead_enabled(ahead, loaded.device)
         self._last: list[DraftSessionState] = []  # the greedy sessions of the latest batch: drafted ahead next
         self._lock = threading.Lock()  # one forward pass at a time on this model
         self._pool: Any = None  # starsd.kvcache.SlotPool, made with the first forward pass
         self._use_graphs = graphs_enabled(cuda_graphs, loaded.device)
         self._graphs: Any = None  # starsd.cuda_graphs.DecodeGraphs, made with the pool when graphs are used
+        self.lean_decoder: Any = None  # starsd.lean_decode.LeanDecoder, when asked for and the model allows one
+        if lean:
+            from starsd.lean_decode import LeanDecoder, unsupported_reason
+
+            reason = unsupported_reason(loaded.model)
+            if reason is None:
+                self.lean_decoder = LeanDecoder(loaded.model, loaded.max_context + 64)
+            else:
+                log.info("the draft runs the model's own forward pass (no lean pass for %s)", reason)
 
     @property
     def vocab_size(self) -> int:
@@ -130,6 +157,7 @@ class DraftRunner:
                 self._graphs = DecodeGraphs(model, self._pool)
         return self._pool
 
+    @functools.cached_property
     def _logits_to_keep(self) -> bool:
         return "logits_to_keep" in inspect.signature(self.loaded.model.forward).parameters
 
@@ -263,11 +291,21 @@ class DraftRunner:
         batch = len(states)
         graphs = self._graphs
         inputs = kvcache.step_inputs(feeds, at, cached, widths, device, graphs is not None)
-        kwargs: dict[str, Any] = {"logits_to_keep": 1} if self._logits_to_keep() else {}  # the last position only
+        kwargs: dict[str, Any] = {"logits_to_keep": 1} if self._logits_to_keep else {}  # the last position only
         cache = pool.step_cache(slots, cached, widths, inputs)
-        logits = model(
-            input_ids=inputs.input_ids, use_cache=True, **kvcache.with_cache(cache), **inputs.model_kwargs(), **kwargs
-        ).logits[:, -1]  # [B, V]
+        if self.lean_decoder is not None and inputs.input_ids is not None:
+            positions = inputs.positions
+            if positions is None:  # one row: its fed tokens follow its cached ones
+                positions = torch.arange(cached[0], cached[0] + widths[0], device=device).unsqueeze(0)
+            logits = self.lean_decoder.logits(inputs.input_ids, positions, cache, inputs.mask)
+        else:
+            logits = model(
+                input_ids=inputs.input_ids,
+                use_cache=True,
+                **kvcache.with_cache(cache),
+                **inputs.model_kwargs(),
+                **kwargs,
+            ).logits[:, -1]  # [B, V]
         drawn = [draw_proposals(logits, params, top_ks, generators)]  # per step: (tokens [B], ids, q)
         lengths = [c + w for c, w in zip(cached, widths, strict=True)]
         ones = [1] * batch
@@ -280,12 +318,18 @@ class DraftRunner:
                 logits = graphs.logits(drawn[-1][0], inputs.rows, inputs.positions, inputs.mask)  # None: eager
             if logits is None:
                 cache = pool.step_cache(slots, lengths, ones, inputs)
-                logits = model(
-                    input_ids=drawn[-1][0].unsqueeze(1),
-                    use_cache=True,
-                    **kvcache.with_cache(cache),
-                    **inputs.model_kwargs(),
-                ).logits[:, -1]
+                if self.lean_decoder is not None:
+                    positions = inputs.positions if inputs.positions is not None else kvcache.upload(lengths, device)
+                    logits = self.lean_decoder.logits(
+                        drawn[-1][0].unsqueeze(1), positions.view(batch, 1), cache, inputs.mask
+                    )
+                else:
+                    logits = model(
+                        input_ids=drawn[-1][0].unsqueeze(1),
+                        use_cache=True,
+                        **kvcache.with_cache(cache),
+                        **inputs.model_kwargs(),
+                    ).logits[:, -1]
             live = [step < gamma for gamma in gammas]
             drawn.append(draw_proposals(logits, params, top_ks, generators, live))
             lengths = [n + 1 for n in lengths]

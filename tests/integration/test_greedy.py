@@ -22,7 +22,11 @@ def star1(shipped_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFact
     """One draft and one target whose rounds never give up on the draft: ``fallback_tokens == 0`` below is then
     a property of the code, not of how fast this machine answers within the default deadline."""
     star = start_star(
-        shipped_pair, 1, tmp_path_factory.mktemp("star1-greedy"), target_args=["--draft-timeout", str(DRAFT_TIMEOUT)]
+        shipped_pair,
+        1,
+        tmp_path_factory.mktemp("star1-greedy"),
+        target_args=["--draft-timeout", str(DRAFT_TIMEOUT)],
+        draft_args=["--draft-ahead", "on"],  # off by default on a CPU: checked here, outputs compared below
     )
     try:
         yield star

@@ -38,6 +38,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-tokens", type=int, default=32, help="random prompt length (default 32)")
     parser.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (default 64)")
     parser.add_argument("--gamma", type=int, default=4, help="num_speculative_tokens of every draft (default 4)")
+    parser.add_argument(
+        "--draft-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more `starsd draft` option for the StarSD draft, e.g. --draft-arg=--draft-ahead=on (repeatable)",
+    )
     parser.add_argument("--start-timeout", type=float, default=1200.0, help="seconds for all servers to start")
     parser.add_argument("--log-dir", type=Path, help="servers' and clients' logs (default: a temporary folder)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
@@ -69,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         gamma=args.gamma,
         start_seconds=args.start_timeout,
         log_dir=log_dir.resolve(),
+        draft_args=tuple(args.draft_arg),
     )
 
     def report(points: list[VllmPoint], machine: Machine) -> VllmCompareReport:

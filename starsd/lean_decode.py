@@ -1,0 +1,130 @@
+"""A draft's decoding pass without transformers' module machinery: Llama-shaped models, one token per row.
+
+A small draft spends most of a decoding pass in Python: transformers' modules, their hooks, keyword handling and
+output classes cost more than the arithmetic of a 2-layer model on a CPU, and as much as the kernels of a
+larger one on a GPU without CUDA graphs. :class:`LeanDecoder` runs the same arithmetic from the model's own
+weights: query, key and value projections in one matrix product, gate and up in another, rotary tables looked
+up by position on the device, keys and values written and read through the same
+:class:`starsd.kvcache.SlotPool` step cache as the model's own pass. Nothing waits for the host.
+
+It is used for the draft only, where a different rounding changes at most which tokens are proposed, never what
+the target outputs; the target always runs the model's own forward pass. Models it does not know exactly
+(another architecture, biases, a rotary embedding that depends on the sequence length) keep the model's own pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+# Rotary embeddings whose tables depend on the position only (so they can be computed once, up front).
+_STATIC_ROPE = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class _Layer:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor  # [(Hq + 2 Hkv) D, hidden]
+    out: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2 I, hidden]
+    down: torch.Tensor
+
+
+def unsupported_reason(model: Any) -> str | None:
+    """Why :class:`LeanDecoder` cannot run ``model`` (None: it can)."""
+    config = model.config
+    if getattr(config, "model_type", None) not in ("llama", "mistral"):
+        return f"model type {getattr(config, 'model_type', None)!r}"
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        return "biases in attention or MLP"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r}"
+    if getattr(config, "sliding_window", None):
+        return "sliding-window attention"
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    if rotary is None or getattr(rotary, "rope_type", "default") not in _STATIC_ROPE:
+        return f"rotary embedding {getattr(rotary, 'rope_type', None)!r}"
+    return None
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's RMSNorm, computed in float32 like the model's."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class LeanDecoder:
+    """One decoding pass (one token per row) of a Llama-shaped causal LM from its weights."""
+
+    def __init__(self, model: Any, max_positions: int) -> None:
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"no lean decoding pass for this model: {reason}")
+        config, inner = model.config, model.model
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
+        self.eps = float(config.rms_norm_eps)
+        self.scale = self.head_dim**-0.5
+        self.embed = inner.embed_tokens.weight
+        self.norm = inner.norm.weight
+        self.lm_head = model.lm_head.weight
+        with torch.inference_mode():
+            self.layers = [
+                _Layer(
+                    layer.input_layernorm.weight,
+                    torch.cat(
+                        [layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight]
+                    ),
+                    layer.self_attn.o_proj.weight,
+                    layer.post_attention_layernorm.weight,
+                    torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]),
+                    layer.mlp.down_proj.weight,
+                )
+                for layer in inner.layers
+            ]
+            positions = torch.arange(max_positions, device=self.embed.device).unsqueeze(0)
+            cos, sin = inner.rotary_emb(self.embed[:1].unsqueeze(0), positions)  # [1, P, D]
+        self.cos, self.sin = cos[0], sin[0]  # [P, D], in the model's dtype
+        self.split = (self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim)
+
+    def logits(
+        self, tokens: torch.Tensor, positions: torch.Tensor, cache: Any, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``tokens [B, W]`` at ``positions [B, W]`` -> the last position's next-token logits ``[B, V]``.
+
+        ``cache``: a :meth:`starsd.kvcache.SlotPool.step_cache` of width ``W`` (it writes the new keys and returns
+        the ``K`` keys to attend); ``mask [B, 1, W, K]`` (True: attend), or None for one row, whose ``W`` queries
+        then attend causally the keys up to their own position."""
+        batch, width = tokens.shape
+        h = F.embedding(tokens, self.embed)  # [B, W, hidden]
+        cos = self.cos[positions].unsqueeze(1)  # [B, 1, W, D]
+        sin = self.sin[positions].unsqueeze(1)
+        gqa = {"enable_gqa": True} if self.kv_heads != self.heads else {}
+        for index, layer in enumerate(self.layers):
+            x = _rms(h, layer.input_norm, self.eps)
+            q, k, v = F.linear(x, layer.qkv).split(self.split, dim=-1)
+            q = _rotate(q.view(batch, width, self.heads, self.head_dim).transpose(1, 2), cos, sin)
+            k = _rotate(k.view(batch, width, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+            v = v.view(batch, width, self.kv_heads, self.head_dim).transpose(1, 2)
+            keys, values = cache.layers[index].update(k, v)
+            if mask is None and width > 1:  # one row: its queries are the last W of its keys
+                columns = torch.arange(keys.shape[2], device=keys.device)
+                mask = (columns[None, :] <= positions[0, :, None]).view(1, 1, width, -1)
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale, **gqa)
+            h = h + F.linear(attn.transpose(1, 2).reshape(batch, width, self.heads * self.head_dim), layer.out)
+            x = _rms(h, layer.post_norm, self.eps)
+            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, layer.down)
+        return F.linear(_rms(h[:, -1], self.norm, self.eps), self.lm_head)
