@@ -153,3 +153,9 @@ def test_auto_drafts_ahead_only_with_an_accelerator_of_its_own() -> None:
     assert ahead_enabled("on", torch.device("cpu")) and not ahead_enabled("off", torch.device("cuda", 0))
     with pytest.raises(ValueError, match="--draft-ahead must be one of auto, on, off"):
         ahead_enabled("sometimes", torch.device("cpu"))
+
+
+def test_the_runner_says_how_it_drafts(draft: LoadedModel) -> None:
+    """The draft's start-up line carries this: a user who sets --draft-ahead sees whether it took effect."""
+    assert DraftRunner(draft).describe() == "lean passes, drafting ahead off"  # auto on a CPU
+    assert DraftRunner(draft, ahead="on", lean=False).describe() == "the model's own passes, drafting ahead on"

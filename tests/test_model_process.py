@@ -112,3 +112,7 @@ def test_the_draft_server_process_leaves_torch_to_its_model_process(random_pair:
     finally:
         server.terminate()
         server.wait(30)
+
+
+def test_the_model_process_reports_how_it_drafts(remote: ProcessProposer) -> None:
+    assert remote.info.passes == "lean passes, drafting ahead off"  # a Llama draft on a CPU, --draft-ahead auto

@@ -173,10 +173,9 @@ def worker_main(
     except (ModelLoadError, ValueError) as exc:
         conn.send(("error", str(exc)))
         return
-    info = proposer_info(loaded)
-    conn.send(
-        ("ready", (info.model_name, info.vocab_size, info.vocab_fingerprint, info.max_context, info.device, info.dtype))
-    )
+    info = proposer_info(loaded, runner.describe())
+    fields = (info.model_name, info.vocab_size, info.vocab_fingerprint, info.max_context, info.device, info.dtype)
+    conn.send(("ready", (*fields, info.passes)))
     states: dict[int, Any] = {}
     while True:
         try:

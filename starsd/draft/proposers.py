@@ -25,11 +25,12 @@ class ProposerInfo:
     max_context: int
     device: str = "cpu"  # where the model runs, and in which dtype (reported on /v1/load and at start)
     dtype: str = "float32"
+    passes: str = ""  # how the runner drafts, for the start-up line (starsd.draft.runner.DraftRunner.describe)
 
 
-def proposer_info(loaded: LoadedModel) -> ProposerInfo:
+def proposer_info(loaded: LoadedModel, passes: str = "") -> ProposerInfo:
     device, _, dtype = loaded.placement.describe().partition(" ")
-    return ProposerInfo(loaded.name, loaded.vocab_size, loaded.fingerprint, loaded.max_context, device, dtype)
+    return ProposerInfo(loaded.name, loaded.vocab_size, loaded.fingerprint, loaded.max_context, device, dtype, passes)
 
 
 class ProposerFailed(RuntimeError):
@@ -59,7 +60,7 @@ class ModelProposer:
         from starsd.draft.runner import DraftRunner  # torch: only where the model runs in this process
 
         self.runner = DraftRunner(loaded, cuda_graphs, ahead)
-        self.info = proposer_info(loaded)
+        self.info = proposer_info(loaded, self.runner.describe())
 
     def new_state(self, seed: int | None) -> Any:
         return self.runner.new_state(seed)

@@ -133,6 +133,12 @@ class DraftRunner:
             else:
                 log.info("the draft runs the model's own forward pass (no lean pass for %s)", reason)
 
+    def describe(self) -> str:
+        """How this runner drafts, for the draft's start-up line."""
+        passes = "lean passes" if self.lean_decoder is not None else "the model's own passes"
+        graphs = ", CUDA graphs" if self._use_graphs else ""
+        return f"{passes}{graphs}, drafting ahead {'on' if self.ahead else 'off'}"
+
     @property
     def vocab_size(self) -> int:
         return self.loaded.vocab_size

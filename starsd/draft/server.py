@@ -108,10 +108,11 @@ class DraftServer:
         self._sweeper = asyncio.create_task(self._sweep_forever())
         info = self.core.proposer.info
         log.info(
-            "draft %r on %s %s serving gRPC on %s:%d (metrics on %d), vocab %d, max batch %d, schedule %s",
+            "draft %r on %s %s (%s) serving gRPC on %s:%d (metrics on %d), vocab %d, max batch %d, schedule %s",
             info.model_name,
             info.device,
             info.dtype,
+            info.passes or "emulated",
             opts.host,
             self.grpc_port,
             self.metrics_port,
