@@ -1,10 +1,11 @@
-"""A draft's decoding pass without transformers' module machinery: Llama-shaped models, one token per row.
+"""A draft's forward pass without transformers' module machinery, for Llama-shaped models.
 
 A small draft spends most of a decoding pass in Python: transformers' modules, their hooks, keyword handling and
 output classes cost more than the arithmetic of a 2-layer model on a CPU, and as much as the kernels of a
 larger one on a GPU without CUDA graphs. :class:`LeanDecoder` runs the same arithmetic from the model's own
-weights: query, key and value projections in one matrix product, gate and up in another, rotary tables looked
-up by position on the device, keys and values written and read through the same
+weights: query, key and value projections in one matrix product, gate and up in another (the model's own
+layers then use views of the fused matrices: the weights are not held twice), rotary tables looked up by
+position on the device, keys and values written and read through the same
 :class:`starsd.kvcache.SlotPool` step cache as the model's own pass. Nothing waits for the host.
 
 It is used for the draft only, where a different rounding changes at most which tokens are proposed, never what
@@ -64,6 +65,19 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotated * sin
 
 
+def _fuse(linears: list[torch.nn.Linear]) -> torch.Tensor:
+    """The weights of ``linears`` stacked into one matrix, which each layer then uses a view of: one product
+    instead of several, and no second copy of the weights."""
+    with torch.no_grad():
+        fused = torch.cat([linear.weight for linear in linears])
+        start = 0
+        for linear in linears:
+            rows = linear.weight.shape[0]
+            linear.weight = torch.nn.Parameter(fused[start : start + rows], requires_grad=False)
+            start += rows
+    return fused
+
+
 class LeanDecoder:
     """One decoding pass (one token per row) of a Llama-shaped causal LM from its weights."""
 
@@ -80,20 +94,18 @@ class LeanDecoder:
         self.embed = inner.embed_tokens.weight
         self.norm = inner.norm.weight
         self.lm_head = model.lm_head.weight
+        self.layers = [
+            _Layer(
+                layer.input_layernorm.weight,
+                _fuse([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
+                layer.self_attn.o_proj.weight,
+                layer.post_attention_layernorm.weight,
+                _fuse([layer.mlp.gate_proj, layer.mlp.up_proj]),
+                layer.mlp.down_proj.weight,
+            )
+            for layer in inner.layers
+        ]
         with torch.inference_mode():
-            self.layers = [
-                _Layer(
-                    layer.input_layernorm.weight,
-                    torch.cat(
-                        [layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight]
-                    ),
-                    layer.self_attn.o_proj.weight,
-                    layer.post_attention_layernorm.weight,
-                    torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]),
-                    layer.mlp.down_proj.weight,
-                )
-                for layer in inner.layers
-            ]
             positions = torch.arange(max_positions, device=self.embed.device).unsqueeze(0)
             cos, sin = inner.rotary_emb(self.embed[:1].unsqueeze(0), positions)  # [1, P, D]
         self.cos, self.sin = cos[0], sin[0]  # [P, D], in the model's dtype

@@ -104,3 +104,13 @@ def test_models_it_does_not_know_keep_their_own_pass(random_pair: tuple[Path, Pa
         assert DraftRunner(loaded).lean_decoder is None
     finally:
         loaded.model.config.attention_bias = False
+
+
+def test_the_fused_weights_are_the_models_own_not_a_copy(random_pair: tuple[Path, Path]) -> None:
+    model = load_checkpoint(random_pair[0]).model
+    lean = LeanDecoder(model, 64)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    fused = lean.layers[0].qkv
+    assert attn.q_proj.weight.data_ptr() == fused.data_ptr()
+    assert attn.v_proj.weight.data_ptr() == fused[-attn.v_proj.weight.shape[0] :].data_ptr()
+    assert mlp.up_proj.weight.data_ptr() == lean.layers[0].gate_up[mlp.gate_proj.weight.shape[0] :].data_ptr()
