@@ -247,6 +247,24 @@ class DraftRunner:
             state.cached.extend(new[:-1])  # the last proposal is never fed
             state.chain = list(out.token_ids) if params[b].greedy else []  # a copy: drafting ahead extends it
 
+    def _logits(
+        self, input_ids: torch.Tensor, inputs: Any, cache: Any, start: int, kwargs: dict[str, Any] | None = None
+    ) -> torch.Tensor:
+        """One forward pass over ``input_ids [B, W]`` -> the last position's logits ``[B, V]``: the lean pass when
+        there is one, else the model's own. ``start``: where a lone row's fed tokens begin (``inputs`` carries no
+        positions for one row)."""
+        from starsd import kvcache
+
+        if self.lean_decoder is None:
+            own = {**kvcache.with_cache(cache), **inputs.model_kwargs(), **(kwargs or {})}
+            logits: torch.Tensor = self.loaded.model(input_ids=input_ids, use_cache=True, **own).logits[:, -1]
+            return logits
+        positions = inputs.positions
+        if positions is None:  # one row: its fed tokens follow its cached ones
+            positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        logits = self.lean_decoder.logits(input_ids, positions, cache, inputs.mask)
+        return logits
+
     def draft_ahead(self, stop: Callable[[], bool]) -> int:
         """Extend the chains of the latest batch's greedy sessions, one forward pass at a time, until they are
         long enough or ``stop()`` says a request waits; returns how many passes ran."""
@@ -292,26 +310,15 @@ class DraftRunner:
         pool.reserve(1 + max(c + w for c, w in zip(cached, widths, strict=True)) + steps)
         slots = [s.slot for s in states]
         at = pool.rows_of(slots)
-        model, device = self.loaded.model, self.loaded.device
+        device = self.loaded.device
         generators = [s.generator for s in states]
         batch = len(states)
         graphs = self._graphs
         inputs = kvcache.step_inputs(feeds, at, cached, widths, device, graphs is not None)
         kwargs: dict[str, Any] = {"logits_to_keep": 1} if self._logits_to_keep else {}  # the last position only
         cache = pool.step_cache(slots, cached, widths, inputs)
-        if self.lean_decoder is not None and inputs.input_ids is not None:
-            positions = inputs.positions
-            if positions is None:  # one row: its fed tokens follow its cached ones
-                positions = torch.arange(cached[0], cached[0] + widths[0], device=device).unsqueeze(0)
-            logits = self.lean_decoder.logits(inputs.input_ids, positions, cache, inputs.mask)
-        else:
-            logits = model(
-                input_ids=inputs.input_ids,
-                use_cache=True,
-                **kvcache.with_cache(cache),
-                **inputs.model_kwargs(),
-                **kwargs,
-            ).logits[:, -1]  # [B, V]
+        assert inputs.input_ids is not None
+        logits = self._logits(inputs.input_ids, inputs, cache, cached[0], kwargs)  # [B, V]
         drawn = [draw_proposals(logits, params, top_ks, generators)]  # per step: (tokens [B], ids, q)
         lengths = [c + w for c, w in zip(cached, widths, strict=True)]
         ones = [1] * batch
@@ -319,23 +326,14 @@ class DraftRunner:
             if stop is not None and stop():
                 break
             inputs = inputs.next_token()
-            logits = None
+            replayed = None
             if graphs is not None and inputs.positions is not None and inputs.mask is not None:
-                logits = graphs.logits(drawn[-1][0], inputs.rows, inputs.positions, inputs.mask)  # None: eager
-            if logits is None:
+                replayed = graphs.logits(drawn[-1][0], inputs.rows, inputs.positions, inputs.mask)  # None: eager
+            if replayed is not None:
+                logits = replayed
+            else:
                 cache = pool.step_cache(slots, lengths, ones, inputs)
-                if self.lean_decoder is not None:
-                    positions = inputs.positions if inputs.positions is not None else kvcache.upload(lengths, device)
-                    logits = self.lean_decoder.logits(
-                        drawn[-1][0].unsqueeze(1), positions.view(batch, 1), cache, inputs.mask
-                    )
-                else:
-                    logits = model(
-                        input_ids=drawn[-1][0].unsqueeze(1),
-                        use_cache=True,
-                        **kvcache.with_cache(cache),
-                        **inputs.model_kwargs(),
-                    ).logits[:, -1]
+                logits = self._logits(drawn[-1][0].unsqueeze(1), inputs, cache, lengths[0])
             live = [step < gamma for gamma in gammas]
             drawn.append(draw_proposals(logits, params, top_ks, generators, live))
             lengths = [n + 1 for n in lengths]
