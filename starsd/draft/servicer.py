@@ -1,4 +1,9 @@
-"""gRPC adapter of the draft: converts messages and streams, nothing more (the logic is in core.py)."""
+"""gRPC adapter of the draft: converts messages and streams, nothing more (the logic is in core.py).
+
+``Propose`` carries one request or answer per message; ``ProposeBursts`` carries a target's burst (the requests
+of one verification step) in one message and the answers ready together in one reply. Both feed the same
+:class:`~starsd.draft.core.Stream`, so sessions, ordering and errors are the same on both.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,34 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from starsd.draft.core import DraftCore, StreamAborted
+from starsd.draft.core import DraftCore, Stream, StreamAborted
 from starsd.proto import starsd_pb2 as pb
 from starsd.proto import starsd_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
+
+
+async def burst_requests(bursts: AsyncIterator[pb.ProposeBurst]) -> AsyncIterator[pb.ProposeRequest]:
+    """A burst's requests one by one, each saying how many of its burst follow it (``following``)."""
+    async for burst in bursts:
+        count = len(burst.requests)
+        for i, req in enumerate(burst.requests):
+            req.following = count - i - 1
+            yield req
+
+
+def ready_answers(
+    outgoing: asyncio.Queue[pb.ProposeResponse | None], first: pb.ProposeResponse
+) -> tuple[pb.ProposeBurstReply, bool]:
+    """``first`` and every answer already queued behind it, as one reply; whether the stream's end was queued
+    among them (it is taken from the queue: nothing follows it)."""
+    reply = pb.ProposeBurstReply(responses=[first])
+    while not outgoing.empty():
+        response = outgoing.get_nowait()
+        if response is None:
+            return reply, True
+        reply.responses.append(response)
+    return reply, False
 
 
 class DraftServicer(pb_grpc.DraftServicer):
@@ -32,6 +60,7 @@ class DraftServicer(pb_grpc.DraftServicer):
             utilization=load.utilization,
             sessions=len(self.core.sessions),
             targets=len(self.core.streams),
+            bursts=True,
         )
 
     async def Propose(
@@ -39,28 +68,50 @@ class DraftServicer(pb_grpc.DraftServicer):
     ) -> AsyncIterator[pb.ProposeResponse]:
         stream = self.core.open_stream(asyncio.get_running_loop())
         aborted: list[str] = []
-
-        async def read() -> None:
-            try:
-                async for req in request_iterator:
-                    self.core.submit(stream, req)
-            except StreamAborted as exc:
-                aborted.append(str(exc))
-            except (asyncio.CancelledError, grpc.aio.AioRpcError):
-                pass
-            finally:
-                stream.input_ended(aborted=bool(aborted))
-
-        reader = asyncio.create_task(read())
+        reader = asyncio.create_task(self._read(stream, request_iterator, aborted))
         try:
             while True:
                 response = await stream.outgoing.get()
                 if response is None:
                     break
                 yield response
-            if aborted:
-                log.warning("aborting a stream from %r: %s", stream.target_id or "?", aborted[0])
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, aborted[0])
+            await self._end(stream, aborted, context)
         finally:
             reader.cancel()
             self.core.close_stream(stream)
+
+    async def ProposeBursts(
+        self, request_iterator: AsyncIterator[pb.ProposeBurst], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ProposeBurstReply]:
+        stream = self.core.open_stream(asyncio.get_running_loop())
+        aborted: list[str] = []
+        reader = asyncio.create_task(self._read(stream, burst_requests(request_iterator), aborted))
+        try:
+            ended = False
+            while not ended:
+                response = await stream.outgoing.get()
+                if response is None:
+                    break
+                reply, ended = ready_answers(stream.outgoing, response)
+                yield reply
+            await self._end(stream, aborted, context)
+        finally:
+            reader.cancel()
+            self.core.close_stream(stream)
+
+    async def _read(self, stream: Stream, requests: AsyncIterator[pb.ProposeRequest], aborted: list[str]) -> None:
+        """Admit the stream's requests until its input ends (``aborted`` gets the reason if it is malformed)."""
+        try:
+            async for req in requests:
+                self.core.submit(stream, req)
+        except StreamAborted as exc:
+            aborted.append(str(exc))
+        except (asyncio.CancelledError, grpc.aio.AioRpcError):
+            pass
+        finally:
+            stream.input_ended(aborted=bool(aborted))
+
+    async def _end(self, stream: Stream, aborted: list[str], context: grpc.aio.ServicerContext) -> None:
+        if aborted:
+            log.warning("aborting a stream from %r: %s", stream.target_id or "?", aborted[0])
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, aborted[0])

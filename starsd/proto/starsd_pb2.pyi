@@ -1,8 +1,8 @@
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -72,12 +72,24 @@ class ProposeResponse(_message.Message):
     queue_seconds: float
     def __init__(self, target_id: _Optional[str] = ..., session_id: _Optional[int] = ..., seq: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., q_ids: _Optional[_Iterable[int]] = ..., q_probs: _Optional[_Iterable[float]] = ..., top_k: _Optional[int] = ..., service_seconds: _Optional[float] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., draft_sessions: _Optional[int] = ..., queue_seconds: _Optional[float] = ...) -> None: ...
 
+class ProposeBurst(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[ProposeRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[ProposeRequest, _Mapping]]] = ...) -> None: ...
+
+class ProposeBurstReply(_message.Message):
+    __slots__ = ("responses",)
+    RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    responses: _containers.RepeatedCompositeFieldContainer[ProposeResponse]
+    def __init__(self, responses: _Optional[_Iterable[_Union[ProposeResponse, _Mapping]]] = ...) -> None: ...
+
 class InfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_name", "vocab_size", "vocab_fingerprint", "max_context", "max_gamma", "max_sessions", "utilization", "sessions", "targets")
+    __slots__ = ("model_name", "vocab_size", "vocab_fingerprint", "max_context", "max_gamma", "max_sessions", "utilization", "sessions", "targets", "bursts")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +99,7 @@ class InfoResponse(_message.Message):
     UTILIZATION_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     TARGETS_FIELD_NUMBER: _ClassVar[int]
+    BURSTS_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     vocab_size: int
     vocab_fingerprint: str
@@ -96,4 +109,5 @@ class InfoResponse(_message.Message):
     utilization: float
     sessions: int
     targets: int
-    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., vocab_fingerprint: _Optional[str] = ..., max_context: _Optional[int] = ..., max_gamma: _Optional[int] = ..., max_sessions: _Optional[int] = ..., utilization: _Optional[float] = ..., sessions: _Optional[int] = ..., targets: _Optional[int] = ...) -> None: ...
+    bursts: bool
+    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., vocab_fingerprint: _Optional[str] = ..., max_context: _Optional[int] = ..., max_gamma: _Optional[int] = ..., max_sessions: _Optional[int] = ..., utilization: _Optional[float] = ..., sessions: _Optional[int] = ..., targets: _Optional[int] = ..., bursts: _Optional[bool] = ...) -> None: ...

@@ -39,6 +39,11 @@ class DraftStub:
                 request_serializer=starsd_dot_proto_dot_starsd__pb2.ProposeRequest.SerializeToString,
                 response_deserializer=starsd_dot_proto_dot_starsd__pb2.ProposeResponse.FromString,
                 _registered_method=True)
+        self.ProposeBursts = channel.stream_stream(
+                '/starsd.v1.Draft/ProposeBursts',
+                request_serializer=starsd_dot_proto_dot_starsd__pb2.ProposeBurst.SerializeToString,
+                response_deserializer=starsd_dot_proto_dot_starsd__pb2.ProposeBurstReply.FromString,
+                _registered_method=True)
         self.Info = channel.unary_unary(
                 '/starsd.v1.Draft/Info',
                 request_serializer=starsd_dot_proto_dot_starsd__pb2.InfoRequest.SerializeToString,
@@ -51,6 +56,15 @@ class DraftServicer:
 
     def Propose(self, request_iterator, context):
         """The star's data path: requests in, proposals out, on one stream per target.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProposeBursts(self, request_iterator, context):
+        """The same data path with a target's burst (the requests of one verification step) in one message each way:
+        the draft drafts a burst as one batch and sends the answers it has ready together. Same sessions, same
+        rules, same answers as Propose; a target uses it when the draft's Info says `bursts`.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -70,6 +84,11 @@ def add_DraftServicer_to_server(servicer, server):
                     servicer.Propose,
                     request_deserializer=starsd_dot_proto_dot_starsd__pb2.ProposeRequest.FromString,
                     response_serializer=starsd_dot_proto_dot_starsd__pb2.ProposeResponse.SerializeToString,
+            ),
+            'ProposeBursts': grpc.stream_stream_rpc_method_handler(
+                    servicer.ProposeBursts,
+                    request_deserializer=starsd_dot_proto_dot_starsd__pb2.ProposeBurst.FromString,
+                    response_serializer=starsd_dot_proto_dot_starsd__pb2.ProposeBurstReply.SerializeToString,
             ),
             'Info': grpc.unary_unary_rpc_method_handler(
                     servicer.Info,
@@ -104,6 +123,33 @@ class Draft:
             '/starsd.v1.Draft/Propose',
             starsd_dot_proto_dot_starsd__pb2.ProposeRequest.SerializeToString,
             starsd_dot_proto_dot_starsd__pb2.ProposeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProposeBursts(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/starsd.v1.Draft/ProposeBursts',
+            starsd_dot_proto_dot_starsd__pb2.ProposeBurst.SerializeToString,
+            starsd_dot_proto_dot_starsd__pb2.ProposeBurstReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -53,6 +53,11 @@ def channel_factory(root_certificates: bytes | None) -> ChannelFactory:
     return open_channel
 
 
+# The most request bytes one ProposeBurst carries: a burst beyond it goes as several messages (far below the
+# draft's 4 MiB message limit, starsd.draft.server.MAX_MESSAGE_BYTES).
+BURST_BYTES = 1 << 20
+
+
 async def requests(queue: asyncio.Queue[pb.ProposeRequest | None]) -> AsyncIterator[pb.ProposeRequest]:
     """The stream's requests, in queue order, until a None (the half-close)."""
     while True:
@@ -61,6 +66,37 @@ async def requests(queue: asyncio.Queue[pb.ProposeRequest | None]) -> AsyncItera
             return
         req.following = queue.qsize()  # the rest of this burst, already queued (see the proto)
         yield req
+
+
+async def bursts(
+    queue: asyncio.Queue[pb.ProposeRequest | None], limit: int = BURST_BYTES
+) -> AsyncIterator[pb.ProposeBurst]:
+    """The stream's requests as bursts: each message takes the next request and every one already queued behind
+    it (a verification step queues its requests together), up to ``limit`` bytes; ends at a None."""
+    while True:
+        req = await queue.get()
+        if req is None:
+            return
+        burst = pb.ProposeBurst(requests=[req])
+        size = req.ByteSize()
+        while not queue.empty():
+            nxt = queue.get_nowait()
+            if nxt is None:
+                yield burst
+                return
+            size += nxt.ByteSize()
+            if size > limit:
+                yield burst
+                burst, size = pb.ProposeBurst(), nxt.ByteSize()
+            burst.requests.append(nxt)
+        yield burst
+
+
+async def answers(replies: AsyncIterator[pb.ProposeBurstReply]) -> AsyncIterator[pb.ProposeResponse]:
+    """The answers of a ProposeBursts call one by one, in the order the draft sent them."""
+    async for reply in replies:
+        for response in reply.responses:
+            yield response
 
 
 @dataclass
@@ -136,7 +172,8 @@ async def open_stream(
                 f"{info.sessions} of {info.max_sessions} sessions)"
             )
         queue: asyncio.Queue[pb.ProposeRequest | None] = asyncio.Queue()
-        call = stub.Propose(requests(queue))
+        # A draft that serves bursts gets a step's requests in one message; an older one, one by one.
+        call = answers(stub.ProposeBursts(bursts(queue))) if info.bursts else stub.Propose(requests(queue))
         return DraftStream(rank, address, info.model_name, channel, queue, call)
     except BaseException:
         await channel.close(grace=None)
