@@ -281,3 +281,13 @@ def test_the_client_sends_bursts_to_a_draft_that_offers_them(
     got = asyncio.run(scenario())
     assert [len(t) for t in got] == [4, 4]
     assert calls == ["ProposeBursts"]
+
+
+@pytest.mark.parametrize("tokens", [0, 1, 40, 200, 5000])
+def test_the_protocol_benchmark_counts_a_one_request_burst_as_it_travels(tokens: int) -> None:
+    from starsd.bench.protocol import FRAMING_BYTES, on_the_wire
+
+    req = request(1, tokens=list(range(tokens)))
+    answer = pb.ProposeResponse(session_id=1, seq=1, token_ids=list(range(tokens)))
+    assert on_the_wire(req.ByteSize()) == pb.ProposeBurst(requests=[req]).ByteSize() + FRAMING_BYTES
+    assert on_the_wire(answer.ByteSize()) == pb.ProposeBurstReply(responses=[answer]).ByteSize() + FRAMING_BYTES

@@ -3,8 +3,8 @@
 One emulated target (the product's target engine and draft link with no verify time, :mod:`starsd.bench.emulated`)
 talks to a real draft server on a real checkpoint, so sampled proposals carry their exact top-k distributions.
 Each round's overhead is its round trip with the draft's reported service time taken out. Bytes per round count
-both messages as they travel: the protobuf payload, gRPC's 5-byte message prefix and HTTP/2's 9-byte DATA frame
-header each way.
+both messages as they travel: the protobuf payload inside its one-request ``ProposeBurst`` (or reply), gRPC's
+5-byte message prefix and HTTP/2's 9-byte DATA frame header each way.
 """
 
 from __future__ import annotations
@@ -19,6 +19,13 @@ from starsd.bench.harness import CONNECT_SECONDS, DraftEndpoint, local_draft
 from starsd.bench.report import Column, Machine, percentile, table
 
 FRAMING_BYTES = 5 + 9  # gRPC length prefix + HTTP/2 DATA frame header, per message
+
+
+def on_the_wire(payload: int) -> int:
+    """A request's (or answer's) bytes as it travels alone in a burst message: the burst's field tag and the
+    payload's length (a varint), then the message's framing."""
+    length_bytes = max(1, (payload.bit_length() + 6) // 7)
+    return payload + 1 + length_bytes + FRAMING_BYTES
 
 
 @dataclass(frozen=True)
@@ -55,8 +62,8 @@ async def measure(
     overheads = [r.received - r.sent - r.service for r in measured]
     rtts = [r.received - r.sent for r in measured]
     services = [r.service for r in measured]
-    req_bytes = [r.request_bytes + FRAMING_BYTES for r in measured]
-    resp_bytes = [r.response_bytes + FRAMING_BYTES for r in measured]
+    req_bytes = [on_the_wire(r.request_bytes) for r in measured]
+    resp_bytes = [on_the_wire(r.response_bytes) for r in measured]
     mean_req, mean_resp = statistics.fmean(req_bytes), statistics.fmean(resp_bytes)
     return ProtocolResult(
         mode="greedy" if temperature == 0 else "sampled",
