@@ -8,8 +8,10 @@ of one verification step) in one message and the answers ready together in one r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import TypeVar
 
 import grpc
 
@@ -19,6 +21,8 @@ from starsd.proto import starsd_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
+M = TypeVar("M", pb.ProposeResponse, pb.ProposeBurstReply)  # a message the draft sends on a stream
+
 
 async def burst_requests(bursts: AsyncIterator[pb.ProposeBurst]) -> AsyncIterator[pb.ProposeRequest]:
     """A burst's requests one by one, each saying how many of its burst follow it (``following``)."""
@@ -27,6 +31,13 @@ async def burst_requests(bursts: AsyncIterator[pb.ProposeBurst]) -> AsyncIterato
         for i, req in enumerate(burst.requests):
             req.following = count - i - 1
             yield req
+
+
+def one_answer(
+    outgoing: asyncio.Queue[pb.ProposeResponse | None], first: pb.ProposeResponse
+) -> tuple[pb.ProposeResponse, bool]:
+    """``Propose``'s message: one answer at a time."""
+    return first, False
 
 
 def ready_answers(
@@ -66,35 +77,40 @@ class DraftServicer(pb_grpc.DraftServicer):
     async def Propose(
         self, request_iterator: AsyncIterator[pb.ProposeRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ProposeResponse]:
-        stream = self.core.open_stream(asyncio.get_running_loop())
-        aborted: list[str] = []
-        reader = asyncio.create_task(self._read(stream, request_iterator, aborted))
-        try:
-            while True:
-                response = await stream.outgoing.get()
-                if response is None:
-                    break
+        async with contextlib.aclosing(self._serve(request_iterator, context, one_answer)) as responses:
+            async for response in responses:
                 yield response
-            await self._end(stream, aborted, context)
-        finally:
-            reader.cancel()
-            self.core.close_stream(stream)
 
     async def ProposeBursts(
         self, request_iterator: AsyncIterator[pb.ProposeBurst], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ProposeBurstReply]:
+        served = self._serve(burst_requests(request_iterator), context, ready_answers)
+        async with contextlib.aclosing(served) as replies:  # closed with the call: its sessions are freed at once
+            async for reply in replies:
+                yield reply
+
+    async def _serve(
+        self,
+        requests: AsyncIterator[pb.ProposeRequest],
+        context: grpc.aio.ServicerContext,
+        reply: Callable[[asyncio.Queue[pb.ProposeResponse | None], pb.ProposeResponse], tuple[M, bool]],
+    ) -> AsyncGenerator[M, None]:
+        """One target's stream: admit its requests, send each answer as ``reply`` makes it into a message (with
+        whether it took the stream's end), end the call when the stream ends (aborted if it was malformed)."""
         stream = self.core.open_stream(asyncio.get_running_loop())
         aborted: list[str] = []
-        reader = asyncio.create_task(self._read(stream, burst_requests(request_iterator), aborted))
+        reader = asyncio.create_task(self._read(stream, requests, aborted))
         try:
             ended = False
             while not ended:
                 response = await stream.outgoing.get()
                 if response is None:
                     break
-                reply, ended = ready_answers(stream.outgoing, response)
-                yield reply
-            await self._end(stream, aborted, context)
+                message, ended = reply(stream.outgoing, response)
+                yield message
+            if aborted:
+                log.warning("aborting a stream from %r: %s", stream.target_id or "?", aborted[0])
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, aborted[0])
         finally:
             reader.cancel()
             self.core.close_stream(stream)
@@ -110,8 +126,3 @@ class DraftServicer(pb_grpc.DraftServicer):
             pass
         finally:
             stream.input_ended(aborted=bool(aborted))
-
-    async def _end(self, stream: Stream, aborted: list[str], context: grpc.aio.ServicerContext) -> None:
-        if aborted:
-            log.warning("aborting a stream from %r: %s", stream.target_id or "?", aborted[0])
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, aborted[0])
