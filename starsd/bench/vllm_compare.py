@@ -13,6 +13,12 @@ Five setups of vLLM's CPU build serving the same target checkpoint, each loaded 
 A pair is loaded by two clients at once, one per replica, each at the concurrency; its tokens/s is their sum.
 All the servers start together and stay up for the whole run, so every setup is measured beside the same idle
 processes. Acceptance is vLLM's own (its spec-decode counters, read by its client before and after a pass).
+
+**Draft variants** (an interleaved A/B of ``starsd draft`` options): this machine's throughput drifts by 20% and
+more between minutes, more than most changes to the draft are worth, so runs minutes apart compare poorly. With
+``variants``, one replica of each kind (``draft-model``, ``starsd``) starts once; each round restarts the StarSD
+draft with each variant in turn and measures the in-process draft right before each StarSD pass, so drift hits
+both sides of every ratio alike; a variant's figure is its median ratio over the rounds.
 """
 
 from __future__ import annotations
@@ -20,7 +26,12 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
+import shlex
+import signal
+import statistics
 import subprocess
+import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +42,7 @@ from starsd.bench.vllm_fleet import (
     SERVED_NAME,
     VllmServer,
     draft_model_speculation,
+    prometheus_totals,
     running,
     starsd_speculation,
     vllm_env,
@@ -54,6 +66,8 @@ class VllmCompareConfig:
     start_seconds: float  # how long the servers may take to start, together
     log_dir: Path
     draft_args: tuple[str, ...] = ()  # more `starsd draft` options for the StarSD draft
+    variants: tuple[str, ...] = ()  # `starsd draft` options to compare, interleaved (module docstring)
+    rounds: int = 1  # with variants: how many times each is measured
 
 
 @dataclass(frozen=True)
@@ -99,6 +113,8 @@ class VllmPoint:
     failed: int
     acceptance: float | None  # accepted / drafted tokens, over the replicas
     acceptance_length: float | None  # tokens per verification step: 1 + accepted / steps with proposals
+    variant: str | None = None  # with draft variants: the StarSD draft's options during this pass
+    round: int | None = None  # with draft variants: which round
 
 
 def combine(setup: str, concurrency: int, passes: Sequence[ClientPass], draft_models: int) -> VllmPoint:
@@ -125,6 +141,7 @@ class Ratio:
     concurrency: int
     value: float | None  # None when a side is missing or measured nothing
     goal: float
+    rounds: tuple[float, ...] = ()  # with draft variants: each round's ratio (``value`` is their median)
 
 
 def ratios(points: Sequence[VllmPoint]) -> list[Ratio]:
@@ -143,6 +160,23 @@ def ratios(points: Sequence[VllmPoint]) -> list[Ratio]:
     return out
 
 
+def variant_ratios(points: Sequence[VllmPoint]) -> list[Ratio]:
+    """Per draft variant and concurrency: the StarSD pass against the in-process pass measured just before it,
+    each round, and the median of those ratios over the rounds (goal: at least 1)."""
+    by = {(p.setup, p.variant, p.round, p.concurrency): p.output_throughput for p in points}
+    out: list[Ratio] = []
+    for c in sorted({p.concurrency for p in points}):
+        for variant in dict.fromkeys(p.variant for p in points if p.variant is not None):
+            each = []
+            for r in sorted({p.round for p in points if p.variant == variant and p.round is not None}):
+                a, b = by.get(("starsd", variant, r, c)), by.get(("draft-model", variant, r, c))
+                if a is not None and b:
+                    each.append(a / b)
+            median = statistics.median(each) if each else None
+            out.append(Ratio(f"starsd / draft-model [{variant}]", c, median, 1.0, tuple(each)))
+    return out
+
+
 @dataclass
 class VllmCompareReport:
     """``starsd bench vllm``'s report."""
@@ -155,7 +189,7 @@ class VllmCompareReport:
 
     def __post_init__(self) -> None:
         if not self.ratios:
-            self.ratios = ratios(self.points)
+            self.ratios = variant_ratios(self.points) if self.config.variants else ratios(self.points)
 
     def table(self) -> str:
         columns: list[Column[VllmPoint]] = [
@@ -169,11 +203,17 @@ class VllmCompareReport:
             Column("acc len", lambda p: p.acceptance_length, ".2f", 8),
             Column("failed", lambda p: p.failed, "d", 7),
         ]
+        if self.config.variants:
+            columns[2:4] = [
+                Column("round", lambda p: p.round, "d", 6),
+                Column("draft options", lambda p: p.variant, "", 24, left=True),
+            ]
         lines = table(self.points, columns)
         lines += ["", "ratio                       C    tokens/s ratio  goal"]
         for r in self.ratios:
             value = "-" if r.value is None else f"{r.value:.2f}x"
-            lines.append(f"{r.name:<26}{r.concurrency:>3}{value:>16}  >= {r.goal:g}x")
+            each = f"  (median of {', '.join(f'{x:.2f}' for x in r.rounds)})" if len(r.rounds) > 1 else ""
+            lines.append(f"{r.name:<26}{r.concurrency:>3}{value:>16}  >= {r.goal:g}x{each}")
         lines.append(self.machine.describe())
         return "\n".join(lines)
 
@@ -235,8 +275,12 @@ def run_client(config: VllmCompareConfig, server: VllmServer, concurrency: int, 
 
 
 def measure(config: VllmCompareConfig, setups: Sequence[str], progress: Callable[[str], None]) -> list[VllmPoint]:
-    """Start one StarSD draft and the replicas the setups need, then load each setup at each concurrency."""
+    """Start one StarSD draft and the replicas the setups need, then load each setup at each concurrency (with
+    ``config.variants``: the interleaved draft variants instead, see :func:`measure_variants`)."""
     from starsd.local import LocalStar
+
+    if config.variants:
+        return measure_variants(config, progress)
 
     star = LocalStar(
         draft_model=config.draft, targets=0, log_dir=config.log_dir / "draft", draft_args=list(config.draft_args)
@@ -296,3 +340,83 @@ def measure(config: VllmCompareConfig, setups: Sequence[str], progress: Callable
         return points
     finally:
         star.stop()
+
+
+LINK_SECONDS = 120.0  # how long a restarted draft may wait for the replica's proposer to reconnect
+
+
+def measure_variants(config: VllmCompareConfig, progress: Callable[[str], None]) -> list[VllmPoint]:
+    """The interleaved A/B (module docstring): one ``draft-model`` and one ``starsd`` replica, started once; per
+    round and variant, the StarSD draft restarted with the variant's options, then at each concurrency the
+    in-process draft's pass and the StarSD draft's pass, back to back."""
+    from starsd.local import LocalStar
+
+    def options(variant: str) -> list[str]:
+        return [*config.draft_args, *shlex.split(variant)]
+
+    star = LocalStar(
+        draft_model=config.draft, targets=0, log_dir=config.log_dir / "draft", draft_args=options(config.variants[0])
+    )
+    progress(f"starting a StarSD draft on {config.draft}")
+    star.start()
+    try:
+        env = {"STARSD_DRAFT": star.draft_address, "STARSD_TARGET_ID": "shared-1"}
+        own = VllmServer(
+            "own-1",
+            config.target,
+            config.log_dir / "own-1.log",
+            {},
+            draft_model_speculation(config.draft, config.gamma),
+            config.venv,
+        )
+        shared = VllmServer(
+            "shared-1",
+            config.target,
+            config.log_dir / "shared-1.log",
+            env,
+            starsd_speculation(config.gamma),
+            config.venv,
+        )
+        progress("starting 2 vLLM servers together (own-1, shared-1); 2-3 minutes each on 2 cores")
+        points: list[VllmPoint] = []
+        warmup = dataclasses.replace(config, requests=WARMUP_REQUESTS)
+        with running(own, shared, start_seconds=config.start_seconds):
+            run_client(warmup, own, 1, "warmup-own-1")
+            for r in range(config.rounds):
+                for i, variant in enumerate(config.variants):
+                    progress(f"round {r + 1} of {config.rounds}: the StarSD draft with {variant!r}")
+                    star.kill_draft(sig=signal.SIGTERM)  # drains in a moment; killed if it does not
+                    if star.draft is not None and star.draft.alive():
+                        star.kill_draft()
+                    star.draft_args = options(variant)
+                    star.restart_draft()
+                    run_client(warmup, shared, 1, f"warmup-shared-1-r{r}-v{i}")  # meanwhile its proposer reconnects
+                    _wait_for_targets(f"http://{star.host}:{star.metrics_port}/metrics", 1, LINK_SECONDS)
+                    for c in config.concurrency:
+                        for setup, server in (("draft-model", own), ("starsd", shared)):
+                            tag = f"{setup}-c{c}-r{r}-v{i}"
+                            point = combine(setup, c, [run_client(config, server, c, tag)], 1)
+                            points.append(dataclasses.replace(point, variant=variant, round=r))
+                            progress(f"{setup} at C={c}: {point.output_throughput:.1f} tok/s, {point.failed} failed")
+        return points
+    finally:
+        star.stop()
+
+
+def _wait_for_targets(metrics_url: str, targets: int, seconds: float) -> None:
+    """Wait until the draft at ``metrics_url`` has ``targets`` connected (a restarted draft: the replicas'
+    proposers reconnect in the background), or fail the run."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with urllib.request.urlopen(metrics_url, timeout=5) as reply:
+                connected = prometheus_totals(reply.read().decode()).get("starsd_draft_connected_targets", 0.0)
+        except OSError:
+            connected = 0.0
+        if connected >= targets:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the restarted StarSD draft saw {connected:.0f} of {targets} replicas in {seconds:.0f} s"
+            )
+        time.sleep(0.2)

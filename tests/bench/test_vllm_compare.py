@@ -4,6 +4,7 @@ serve` processes) is in tests/vllm/test_bench_vllm.py, under `make test-vllm`.""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -15,9 +16,11 @@ from starsd.bench.vllm_compare import (
     ClientPass,
     VllmCompareConfig,
     VllmCompareReport,
+    VllmPoint,
     client_argv,
     combine,
     ratios,
+    variant_ratios,
 )
 from starsd.bench.vllm_fleet import VllmServer, prometheus_totals
 from starsd.cli import main
@@ -82,6 +85,52 @@ def test_ratios_compare_within_one_concurrency_and_say_what_is_missing() -> None
     assert got[("starsd / draft-model", 16)] is None
 
 
+def variant_point(setup: str, concurrency: int, throughput: float, variant: str, round_: int) -> VllmPoint:
+    return dataclasses.replace(combine(setup, concurrency, [a_pass(throughput)], 1), variant=variant, round=round_)
+
+
+# Two variants, three rounds, one concurrency: the in-process draft drifts between rounds (400, 300, 500 tok/s).
+VARIANT_POINTS = [
+    variant_point(setup, 1, throughput, variant, r)
+    for r, (own, a, b) in enumerate([(400.0, 360.0, 200.0), (300.0, 240.0, 330.0), (500.0, 300.0, 400.0)])
+    for variant, starsd in (("--x=a", a), ("--x=b", b))
+    for setup, throughput in (("draft-model", own), ("starsd", starsd))
+]
+
+
+def test_a_variant_is_judged_by_its_median_ratio_to_the_pass_just_before() -> None:
+    got = {r.name: r for r in variant_ratios(VARIANT_POINTS)}
+    assert set(got) == {"starsd / draft-model [--x=a]", "starsd / draft-model [--x=b]"}
+    a, b = got["starsd / draft-model [--x=a]"], got["starsd / draft-model [--x=b]"]
+    assert a.rounds == pytest.approx((0.9, 0.8, 0.6)) and a.value == pytest.approx(0.8)
+    assert b.rounds == pytest.approx((0.5, 1.1, 0.8)) and b.value == pytest.approx(0.8)
+    assert a.concurrency == b.concurrency == 1 and a.goal == 1.0
+
+
+def test_a_variant_report_names_each_round_and_variant(tmp_path: Path) -> None:
+    cfg = dataclasses.replace(config(tmp_path), variants=("--x=a", "--x=b"), rounds=3)
+    report = VllmCompareReport(cfg, Machine.now().finished(), VARIANT_POINTS)
+    assert [r.name for r in report.ratios] == ["starsd / draft-model [--x=a]", "starsd / draft-model [--x=b]"]
+    text = report.table()
+    assert "draft options" in text and "round" in text and "--x=b" in text
+    assert "0.80x  >= 1x  (median of 0.90, 0.80, 0.60)" in text
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("--max-batch=8", "needs two or more variants separated by ';'"),
+        ("--max-batch=8;--turbo", "'--turbo': not options of `starsd draft`"),
+        ("--max-batch=8;--max-batch='3", "No closing quotation"),
+    ],
+)
+def test_bad_draft_variants_are_refused_before_anything_starts(
+    value: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "vllm", "--vllm-venv", str(tmp_path / "none"), f"--draft-variants={value}"]) == 2
+    assert message in capsys.readouterr().err
+
+
 def config(tmp_path: Path) -> VllmCompareConfig:
     return VllmCompareConfig(
         target=tmp_path / "target",
@@ -118,7 +167,13 @@ def test_the_report_prints_every_point_and_ratio_and_writes_json(tmp_path: Path)
     write_json(tmp_path / "vllm.json", report)
     data = json.loads((tmp_path / "vllm.json").read_text())
     assert data["benchmark"] == "vllm" and len(data["points"]) == 2
-    assert data["ratios"][0] == {"name": "starsd / draft-model", "concurrency": 1, "value": 0.8, "goal": 1.0}
+    assert data["ratios"][0] == {
+        "name": "starsd / draft-model",
+        "concurrency": 1,
+        "value": 0.8,
+        "goal": 1.0,
+        "rounds": [],
+    }
 
 
 def test_prometheus_totals_sum_over_labels() -> None:

@@ -45,23 +45,59 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="ARG",
         help="one more `starsd draft` option for the StarSD draft, e.g. --draft-arg=--draft-ahead=on (repeatable)",
     )
+    parser.add_argument(
+        "--draft-variants",
+        metavar="OPTIONS;OPTIONS[;...]",
+        help="an interleaved A/B of `starsd draft` options, e.g. --draft-variants='--max-batch=8;--max-batch=32' "
+        "(with '=', as the value starts with '--'): one replica of draft-model and one of starsd start once, and "
+        "each round restarts the StarSD draft with each variant in turn, measuring the in-process draft right "
+        "before each StarSD pass (this machine drifts between minutes; both sides of a ratio see the same "
+        "minute); reports each variant's median ratio (replaces --setups; --draft-arg options apply to all)",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="with --draft-variants: rounds (default 3)")
     parser.add_argument("--start-timeout", type=float, default=1200.0, help="seconds for all servers to start")
     parser.add_argument("--log-dir", type=Path, help="servers' and clients' logs (default: a temporary folder)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
+
+
+def _variant_error(variant: str) -> str | None:
+    """Why ``variant`` is not a set of `starsd draft` options (checked before anything starts), or None."""
+    import shlex
+
+    from starsd.cli import build_parser
+
+    try:
+        words = shlex.split(variant)
+    except ValueError as exc:
+        return f"--draft-variants {variant!r}: {exc}"
+    argv = ["draft", "--model", "m", *words]
+    try:
+        build_parser(argv).parse_args(argv)
+    except SystemExit:
+        return f"--draft-variants {variant!r}: not options of `starsd draft` (see the message above)"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
     from starsd.bench.report import Machine
     from starsd.bench.vllm_compare import VllmCompareConfig, VllmCompareReport, VllmPoint, measure
 
+    if args.requests < 1 or args.prompt_tokens < 1 or args.max_tokens < 1 or args.gamma < 1 or args.rounds < 1:
+        return error("--requests, --prompt-tokens, --max-tokens, --gamma and --rounds must be >= 1", "vllm")
+    variants = tuple(v.strip() for v in (args.draft_variants or "").split(";") if v.strip())
+    if args.draft_variants is not None and len(variants) < 2:
+        return error(
+            f"--draft-variants needs two or more variants separated by ';', got {args.draft_variants!r}", "vllm"
+        )
+    for variant in variants:
+        if (problem := _variant_error(variant)) is not None:
+            return error(problem, "vllm")
     vllm = args.vllm_venv / "bin" / "vllm"
     if not vllm.is_file():
         return error(f"no vLLM at {vllm}: `make test-vllm` installs vLLM's CPU build there (docs/vllm.md)", "vllm")
     for flag, path in (("--target", args.target), ("--draft", args.draft)):
         if not (path / "config.json").is_file():
             return error(f"{flag} {path} holds no checkpoint (no config.json)", "vllm")
-    if args.requests < 1 or args.prompt_tokens < 1 or args.max_tokens < 1 or args.gamma < 1:
-        return error("--requests, --prompt-tokens, --max-tokens and --gamma must be >= 1", "vllm")
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="starsd-bench-vllm-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     stderr_line(f"logs of every server and client pass: {log_dir}")
@@ -77,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
         start_seconds=args.start_timeout,
         log_dir=log_dir.resolve(),
         draft_args=tuple(args.draft_arg),
+        variants=variants,
+        rounds=args.rounds if variants else 1,
     )
 
     def report(points: list[VllmPoint], machine: Machine) -> VllmCompareReport:
