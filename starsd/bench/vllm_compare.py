@@ -290,13 +290,11 @@ def measure(config: VllmCompareConfig, setups: Sequence[str], progress: Callable
     try:
         own = draft_model_speculation(config.draft, config.gamma)
 
-        def replica(name: str, speculative: dict[str, Any] | None, env: dict[str, str] | None = None) -> VllmServer:
-            log = config.log_dir / f"{name}.log"
-            return VllmServer(name, config.target, log, dict(env or {}), speculative, config.venv)
+        def replica(name: str, speculative: dict[str, Any] | None) -> VllmServer:
+            return _replica(config, name, speculative)
 
         def starsd_replica(name: str) -> VllmServer:
-            env = {"STARSD_DRAFT": star.draft_address, "STARSD_TARGET_ID": name}
-            return replica(name, starsd_speculation(config.gamma), env)
+            return _starsd_replica(config, name, star.draft_address)
 
         wanted = set(setups)
         servers: dict[str, VllmServer] = {}
@@ -342,6 +340,19 @@ def measure(config: VllmCompareConfig, setups: Sequence[str], progress: Callable
         star.stop()
 
 
+def _replica(
+    config: VllmCompareConfig, name: str, speculative: dict[str, Any] | None, env: dict[str, str] | None = None
+) -> VllmServer:
+    """A `vllm serve` of the target, logging to ``<log_dir>/<name>.log``."""
+    return VllmServer(name, config.target, config.log_dir / f"{name}.log", dict(env or {}), speculative, config.venv)
+
+
+def _starsd_replica(config: VllmCompareConfig, name: str, draft_address: str) -> VllmServer:
+    """A replica whose proposer asks the StarSD draft at ``draft_address``, as target ``name``."""
+    env = {"STARSD_DRAFT": draft_address, "STARSD_TARGET_ID": name}
+    return _replica(config, name, starsd_speculation(config.gamma), env)
+
+
 LINK_SECONDS = 120.0  # how long a restarted draft may wait for the replica's proposer to reconnect
 
 
@@ -360,23 +371,8 @@ def measure_variants(config: VllmCompareConfig, progress: Callable[[str], None])
     progress(f"starting a StarSD draft on {config.draft}")
     star.start()
     try:
-        env = {"STARSD_DRAFT": star.draft_address, "STARSD_TARGET_ID": "shared-1"}
-        own = VllmServer(
-            "own-1",
-            config.target,
-            config.log_dir / "own-1.log",
-            {},
-            draft_model_speculation(config.draft, config.gamma),
-            config.venv,
-        )
-        shared = VllmServer(
-            "shared-1",
-            config.target,
-            config.log_dir / "shared-1.log",
-            env,
-            starsd_speculation(config.gamma),
-            config.venv,
-        )
+        own = _replica(config, "own-1", draft_model_speculation(config.draft, config.gamma))
+        shared = _starsd_replica(config, "shared-1", star.draft_address)
         progress("starting 2 vLLM servers together (own-1, shared-1); 2-3 minutes each on 2 cores")
         points: list[VllmPoint] = []
         warmup = dataclasses.replace(config, requests=WARMUP_REQUESTS)
