@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 from pathlib import Path
 
 from starsd import defaults
@@ -16,6 +17,8 @@ from starsd.commands._common import (
     from_flags,
     placement_error,
 )
+
+log = logging.getLogger("starsd.draft")  # the `starsd draft` command's own log
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +68,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "processes need)",
     )
     add_threads_arg(parser)
+    parser.add_argument(
+        "--cpus",
+        metavar="LIST",
+        help="CPU cores the draft (server and model process) runs on, e.g. 0 or 0-3,8 (default: all it may use); "
+        "beside vLLM on a shared machine, its model workers' cores (see docs/vllm.md)",
+    )
     add_placement_args(parser)
     add_cuda_graphs_arg(parser)
     parser.add_argument("--tls-cert", type=Path, help="PEM certificate: serve gRPC over TLS (with --tls-key)")
@@ -101,6 +110,14 @@ def run(args: argparse.Namespace) -> int:
         return fail("--max-batch, --max-gamma and --max-sessions must be >= 1")
     if (problem := placement_error(args)) is not None:
         return fail(problem)
+    if args.cpus is not None:
+        from starsd.cpus import CpuListError, format_cpu_list, pin
+
+        try:
+            cpus = pin(args.cpus)  # before the model process starts: it inherits the cores
+        except CpuListError as exc:
+            return fail(f"--cpus: {exc}")
+        log.info("the draft runs on CPU %s", format_cpu_list(cpus))
     proposer: Proposer
     try:
         if args.model is not None and args.model_process:
