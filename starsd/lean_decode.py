@@ -11,7 +11,7 @@ position on the device, keys and values written and read through the same
 On a CPU each operation costs a few microseconds of dispatch whatever its size, so the pass is written in as
 few as it can be: 2-D products with the residual added in the same call (``addmm``), queries and keys rotated
 together in three operations, PyTorch's own RMSNorm in float32. On the tiny draft this cut a gamma-4 proposal
-by 13-26% at batch 1-16 against the previous version of this pass (same proposals).
+by 5-26% at batch 1-16 against the previous version of this pass (same proposals).
 
 It is used for the draft only, where a different rounding changes at most which tokens are proposed, never what
 the target outputs; the target always runs the model's own forward pass. Models it does not know exactly
