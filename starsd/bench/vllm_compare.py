@@ -289,25 +289,18 @@ def measure(config: VllmCompareConfig, setups: Sequence[str], progress: Callable
     star.start()
     try:
         own = draft_model_speculation(config.draft, config.gamma)
-
-        def replica(name: str, speculative: dict[str, Any] | None) -> VllmServer:
-            return _replica(config, name, speculative)
-
-        def starsd_replica(name: str) -> VllmServer:
-            return _starsd_replica(config, name, star.draft_address)
-
         wanted = set(setups)
         servers: dict[str, VllmServer] = {}
         if "alone" in wanted:
-            servers["alone"] = replica("alone", None)
+            servers["alone"] = _replica(config, "alone", None)
         if wanted & {"draft-model", "pair-own"}:
-            servers["own-1"] = replica("own-1", own)
+            servers["own-1"] = _replica(config, "own-1", own)
         if "pair-own" in wanted:
-            servers["own-2"] = replica("own-2", own)
+            servers["own-2"] = _replica(config, "own-2", own)
         if wanted & {"starsd", "pair-shared"}:
-            servers["shared-1"] = starsd_replica("shared-1")
+            servers["shared-1"] = _starsd_replica(config, "shared-1", star.draft_address)
         if "pair-shared" in wanted:
-            servers["shared-2"] = starsd_replica("shared-2")
+            servers["shared-2"] = _starsd_replica(config, "shared-2", star.draft_address)
         members = {
             "alone": (["alone"], 0),
             "draft-model": (["own-1"], 1),
