@@ -30,12 +30,16 @@ def pool_for(model: Any) -> kvcache.SlotPool:
     return pool
 
 
-def both_passes(model: Any, prefixes: list[list[int]], feeds: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+def both_passes(
+    checkpoint: Path, prefixes: list[list[int]], feeds: list[list[int]]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Fill one slot per row with ``prefixes`` (the model's own pass), then compute the next pass over ``feeds``
-    twice from the same cache: with the model's pass and with the lean one. Returns both ``[B, V]`` logits."""
-    lean = LeanDecoder(model, 256)
+    twice from the same cache: with the model's pass, as loaded, and with the lean one (on a second copy, whose
+    weights it folds). Returns both ``[B, V]`` logits."""
     out = []
     for use_lean in (False, True):
+        model = load_checkpoint(checkpoint).model
+        lean = LeanDecoder(model, 256) if use_lean else None
         pool = pool_for(model)
         slots = [pool.take() for _ in prefixes]
         pool.reserve(max(len(p) + len(f) for p, f in zip(prefixes, feeds, strict=True)) + 1)
@@ -48,10 +52,9 @@ def both_passes(model: Any, prefixes: list[list[int]], feeds: list[list[int]]) -
             cached, widths = [len(p) for p in prefixes], [len(f) for f in feeds]
             inputs = kvcache.step_inputs(feeds, rows, cached, widths, torch.device("cpu"))
             cache = pool.step_cache(slots, cached, widths, inputs)
-            if use_lean:
-                positions = inputs.positions
-                if positions is None:
-                    positions = torch.arange(cached[0], cached[0] + widths[0]).unsqueeze(0)
+            if lean is not None:
+                # One row has no positions tensor: its first fed token's position, as the draft's runner passes it.
+                positions = cached[0] if inputs.positions is None else inputs.positions
                 assert inputs.input_ids is not None
                 out.append(lean.logits(inputs.input_ids, positions, cache, inputs.mask))
             else:
@@ -72,9 +75,8 @@ CASES = {
 
 @pytest.mark.parametrize("case", CASES)
 def test_the_lean_pass_equals_the_models_own(case: str, any_pair: tuple[Path, Path]) -> None:
-    model = load_checkpoint(any_pair[0]).model
     prefixes, feeds = CASES[case]
-    own, lean = both_passes(model, prefixes, feeds)
+    own, lean = both_passes(any_pair[0], prefixes, feeds)
     torch.testing.assert_close(lean, own, rtol=1e-4, atol=1e-4)
     assert torch.equal(lean.argmax(-1), own.argmax(-1))
 
@@ -106,11 +108,34 @@ def test_models_it_does_not_know_keep_their_own_pass(random_pair: tuple[Path, Pa
         loaded.model.config.attention_bias = False
 
 
-def test_the_fused_weights_are_the_models_own_not_a_copy(random_pair: tuple[Path, Path]) -> None:
+def test_the_folded_weights_are_the_models_own_not_a_copy(random_pair: tuple[Path, Path]) -> None:
     model = load_checkpoint(random_pair[0]).model
     lean = LeanDecoder(model, 64)
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
-    fused = lean.layers[0].qkv
-    assert attn.q_proj.weight.data_ptr() == fused.data_ptr()
-    assert attn.v_proj.weight.data_ptr() == fused[-attn.v_proj.weight.shape[0] :].data_ptr()
-    assert mlp.up_proj.weight.data_ptr() == lean.layers[0].gate_up[mlp.gate_proj.weight.shape[0] :].data_ptr()
+    layer = lean.layers[0]
+    for linear, matrix in [
+        (attn.q_proj, layer.qkv),
+        (attn.k_proj, layer.qkv),
+        (attn.v_proj, layer.qkv),
+        (attn.o_proj, layer.out),
+        (mlp.gate_proj, layer.gate_up),
+        (mlp.up_proj, layer.gate_up),
+        (mlp.down_proj, layer.down),
+    ]:
+        assert linear.weight.untyped_storage().data_ptr() == matrix.untyped_storage().data_ptr()
+    with torch.no_grad():
+        layer.qkv[0, 0] += 1.0  # one memory: the model's own query projection sees it
+    assert attn.q_proj.weight[0, 0] == layer.qkv[0, 0]
+
+
+def test_folding_leaves_the_models_own_pass_as_it_was(any_pair: tuple[Path, Path]) -> None:
+    tokens = torch.tensor([[5, 17, 42, 7, 99, 3, 250, 1]])
+    with torch.inference_mode():
+        before = load_checkpoint(any_pair[0]).model(input_ids=tokens).logits
+        model = load_checkpoint(any_pair[0]).model
+        LeanDecoder(model, 64)
+        after = model(input_ids=tokens).logits
+        LeanDecoder(model, 64)  # a second decoder on the same model: folding again changes nothing
+        again = model(input_ids=tokens).logits
+    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(again, before, rtol=1e-4, atol=1e-4)

@@ -259,9 +259,7 @@ class DraftRunner:
             own = {**kvcache.with_cache(cache), **inputs.model_kwargs(), **(kwargs or {})}
             logits: torch.Tensor = self.loaded.model(input_ids=input_ids, use_cache=True, **own).logits[:, -1]
             return logits
-        positions = inputs.positions
-        if positions is None:  # one row: its fed tokens follow its cached ones
-            positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        positions = start if inputs.positions is None else inputs.positions  # one row: after its cached tokens
         logits = self.lean_decoder.logits(input_ids, positions, cache, inputs.mask)
         return logits
 
