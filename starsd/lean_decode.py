@@ -79,7 +79,7 @@ def _fold_in(norm: torch.nn.Module, linears: list[torch.nn.Linear]) -> torch.Ten
         hidden = weight.shape[0]
         root = math.sqrt(hidden)
         columns = [linear.weight.t() * (weight * root).unsqueeze(1) for linear in linears]
-        folded = torch.cat([torch.cat(columns, dim=1), columns[0].new_zeros(1, sum(c.shape[1] for c in columns))])
+        folded = F.pad(torch.cat(columns, dim=1), (0, 0, 0, 1))  # the zero row
         start = 0
         for linear in linears:
             rows = linear.weight.shape[0]
@@ -93,8 +93,7 @@ def _into_stream(linear: torch.nn.Linear) -> torch.Tensor:
     """``[inputs, hidden + 1]``: ``linear``'s weight input-major with a zero column for the constant (a product
     added to the stream leaves it as it is); the linear then uses a view of it."""
     with torch.no_grad():
-        weight = linear.weight.t()
-        stream = torch.cat([weight, weight.new_zeros(weight.shape[0], 1)], dim=1)
+        stream = F.pad(linear.weight.t(), (0, 1))  # the zero column
         linear.weight = torch.nn.Parameter(stream[:, :-1].t(), requires_grad=False)
     return stream
 
