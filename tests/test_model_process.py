@@ -1,20 +1,27 @@
-"""The draft model in its own process: the same proposals as in the server's process, states freed, clear errors."""
+"""The draft model in its own process: the same proposals as in the server's process, states freed, clear errors,
+and the server's event loop driving it (batches, the gather bound, its death)."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import signal
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 import torch
 
 from starsd.checkpoints import ModelLoadError, load_checkpoint
+from starsd.draft.core import DraftConfig, DraftCore, Stream
 from starsd.draft.model_process import ModelProcessGone, ProcessProposer
 from starsd.draft.runner import DraftRunner
 from starsd.proposals import DraftRequest
+from starsd.proto import starsd_pb2 as pb
 from starsd.sampling import SamplingParams
 
 GREEDY = SamplingParams()
@@ -116,3 +123,96 @@ def test_the_draft_server_process_leaves_torch_to_its_model_process(random_pair:
 
 def test_the_model_process_reports_how_it_drafts(remote: ProcessProposer) -> None:
     assert remote.info.passes == "lean passes, drafting ahead off"  # a Llama draft on a CPU, --draft-ahead auto
+
+
+# --- the server's event loop driving the model process (no compute thread) ------------------------------------
+
+
+def _ask(session: int, tokens: list[int], following: int = 0) -> pb.ProposeRequest:
+    return pb.ProposeRequest(target_id="t", session_id=session, seq=1, tokens=tokens, gamma=3, following=following)
+
+
+async def _answers(stream: Stream, count: int) -> list[pb.ProposeResponse]:
+    answers = []
+    for _ in range(count):
+        answer = await asyncio.wait_for(stream.outgoing.get(), 60)
+        assert answer is not None
+        answers.append(answer)
+    return answers
+
+
+def test_the_event_loop_drives_the_model_process_and_batches_a_burst(random_pair: tuple[Path, Path]) -> None:
+    """A burst of three requests is drafted as one batch, sent and answered on the event loop with no thread of
+    the draft's own, and its proposals are the model's in this process."""
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+
+    async def scenario() -> tuple[list[pb.ProposeResponse], list[str], float | None]:
+        core = DraftCore(ProcessProposer(random_pair[0]), DraftConfig(max_batch=8, gather_seconds=30.0))
+        core.start()
+        try:
+            threads = [t.name for t in threading.enumerate()]
+            stream = core.open_stream(asyncio.get_running_loop())
+            for i, tokens in enumerate(prompts):  # announced: the first two wait for the third, not for 30 s
+                core.submit(stream, _ask(i + 1, tokens, following=len(prompts) - 1 - i))
+            answers = await _answers(stream, len(prompts))
+            return answers, threads, core.metrics.registry.get_sample_value("starsd_draft_batch_size_sum")
+        finally:
+            core.stop()
+
+    answers, threads, batched = asyncio.run(scenario())
+    assert "draft-compute" not in threads
+    assert batched == 3  # one batch of three
+    local = DraftRunner(load_checkpoint(random_pair[0]))
+    expected = local.propose_batch([DraftRequest(local.new_state(None), t, 3, GREEDY, 8) for t in prompts])
+    assert sorted((a.session_id, list(a.token_ids)) for a in answers) == [
+        (i + 1, p.token_ids) for i, p in enumerate(expected)
+    ]
+    assert all(a.error_code == 0 and a.service_seconds > 0 for a in answers)
+
+
+def test_a_batch_waits_for_an_announced_request_no_longer_than_the_gather_bound(
+    random_pair: tuple[Path, Path],
+) -> None:
+    async def scenario() -> tuple[list[pb.ProposeResponse], float]:
+        core = DraftCore(ProcessProposer(random_pair[0]), DraftConfig(max_batch=8, gather_seconds=0.2))
+        core.start()
+        try:
+            stream = core.open_stream(asyncio.get_running_loop())
+            started = time.monotonic()
+            core.submit(stream, _ask(1, [5, 6], following=1))  # its burst's second request never comes
+            answers = await _answers(stream, 1)
+            return answers, time.monotonic() - started
+        finally:
+            core.stop()
+
+    answers, waited = asyncio.run(scenario())
+    assert answers[0].error_code == 0 and len(answers[0].token_ids) == 3
+    assert waited >= 0.2
+
+
+def test_a_model_process_killed_under_the_event_loop_answers_its_batch_and_fails_the_draft(
+    random_pair: tuple[Path, Path],
+) -> None:
+    """Killed while a batch is on the pipe: the batch is answered UNAVAILABLE, the draft fails with the reason."""
+
+    async def scenario() -> tuple[str | None, pb.ProposeResponse]:
+        proposer = ProcessProposer(random_pair[0])
+        core = DraftCore(proposer, DraftConfig(max_batch=8))
+        core.start()
+        try:
+            assert proposer.pid is not None
+            stream = core.open_stream(asyncio.get_running_loop())
+            long_ask = _ask(1, list(range(3, 500)))
+            long_ask.gamma = 16  # tens of milliseconds of drafting: the kill comes first
+            core.submit(stream, long_ask)  # sent down the pipe at once
+            os.kill(proposer.pid, signal.SIGKILL)
+            (answer,) = await _answers(stream, 1)
+            await asyncio.wait_for(core.failed.wait(), 30)
+            return core.failure, answer
+        finally:
+            core.stop()
+
+    failure, answer = asyncio.run(scenario())
+    assert answer.error_code == grpc.StatusCode.UNAVAILABLE.value[0]
+    assert "the draft model process" in answer.error_message
+    assert failure is not None and "the draft model process" in failure

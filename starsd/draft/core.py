@@ -1,8 +1,14 @@
 """The draft server's logic, free of gRPC: admit requests, schedule them, compute, answer.
 
-The event loop validates each request and puts it in the global request buffer; one compute thread drains
-the buffer back to back (work-conserving: it never waits for the event loop between requests) and hands
-each answer to its stream's outgoing queue, so sending never blocks drafting.
+The event loop validates each request and puts it in the global request buffer, which is drained back to back
+(work-conserving: a batch goes as soon as the model is free and something waits) by one of two drivers:
+
+* a model in a process of its own (the default, :class:`~starsd.draft.proposers.PipedProposer`) is driven by
+  the event loop itself: it sends a batch down the pipe and reads the answers when the pipe is readable, with no
+  thread in between (every hand-over between threads is a wake-up on each round's path);
+* a model in this process computes on a compute thread, so that the event loop keeps serving meanwhile.
+
+Either way each answer goes to its stream's outgoing queue, so sending never blocks drafting.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from starsd import proposal_codec as codec
 from starsd.draft.buffer import RequestBuffer
 from starsd.draft.load import LoadTracker
 from starsd.draft.metrics import DraftMetrics
-from starsd.draft.proposers import ProposalRequest, Proposer, ProposerFailed
+from starsd.draft.proposers import PipedProposer, ProposalRequest, Proposer, ProposerFailed
 from starsd.draft.sessions import Session, SessionError, SessionStore
 from starsd.proposals import GREEDY_BELOW, Proposal, SamplingParams
 from starsd.proto import starsd_pb2 as pb
@@ -159,20 +165,30 @@ class DraftCore:
         self.failure: str | None = None  # why the draft cannot compute any more (it must be restarted)
         self.failed = asyncio.Event()  # set on the event loop once ``failure`` is known
         self._loop: asyncio.AbstractEventLoop | None = None  # the server's loop, for answers from the thread
+        self._piped: PipedProposer | None = None  # the model's pipe, when the event loop drives it
+        self._in_flight: tuple[list[Work], float] | None = None  # the batch on the pipe, and when it was sent
+        self._gather_timer: asyncio.TimerHandle | None = None
+        self._gathered = False  # the current wait for the rest of a burst has run out
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start computing: on this event loop when the model answers on a pipe, else on a compute thread."""
         try:
             self._loop = asyncio.get_running_loop()
         except RuntimeError:
             self._loop = None
+        if self._loop is not None and isinstance(self.proposer, PipedProposer):
+            self._piped = self.proposer
+            self._loop.add_reader(self._piped.fileno(), self._on_answers)
+            return
         self._thread = threading.Thread(target=self._compute_loop, name="draft-compute", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stopping.set()
         self.buffer.close()
+        self._stop_reading()
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.proposer.close()
@@ -200,9 +216,16 @@ class DraftCore:
         self.metrics.sessions.set(len(self.sessions))
         if freed:
             log.info("target %r disconnected: freed %d sessions", stream.target_id or "?", freed)
+        self._dispatch()  # a batch that waited for the rest of its burst waits no more
 
     def submit(self, stream: Stream, req: pb.ProposeRequest) -> None:
         """Admit one request from a stream: queue it for drafting, or answer its error at once."""
+        try:
+            self._admit(stream, req)
+        finally:
+            self._dispatch()
+
+    def _admit(self, stream: Stream, req: pb.ProposeRequest) -> None:
         if not req.target_id:
             raise StreamAborted("target_id is required on every message")
         if stream.target_id and req.target_id != stream.target_id:
@@ -242,6 +265,76 @@ class DraftCore:
         self.metrics.sessions.set(len(self.sessions))
         return freed
 
+    # --- compute driven by the event loop (a model on a pipe) ----------------------------------------
+
+    def _dispatch(self) -> None:
+        """Send the next batch if the model is free and a request waits (after holding it up to the gather
+        bound for the rest of an announced burst, as :meth:`RequestBuffer.take` does on the compute thread)."""
+        if self._piped is None or self._in_flight is not None or self._stopping.is_set() or not len(self.buffer):
+            return
+        if self._gathering():
+            return
+        batch = self.buffer.take(self.config.max_batch, timeout=0)
+        self._gathered = False
+        if self._gather_timer is not None:
+            self._gather_timer.cancel()
+            self._gather_timer = None
+        start = self.clock()
+        try:
+            self._piped.send_batch([_proposal_request(w) for w in batch])
+        except ProposerFailed as exc:
+            self._failed_on_loop(exc)
+            self._finish(batch, [exc] * len(batch), start, self.clock())
+            return
+        self._in_flight = (batch, start)
+
+    def _gathering(self) -> bool:
+        """Whether the waiting requests hold for more of an announced burst (arming the bound's timer)."""
+        config = self.config
+        wait = config.gather_seconds > 0 and config.max_batch > 1 and len(self.buffer) < config.max_batch
+        if not wait or not self.buffer.announced or self._gathered:
+            return False
+        if self._gather_timer is None:
+            assert self._loop is not None
+            self._gather_timer = self._loop.call_later(config.gather_seconds, self._gather_ran_out)
+        return True
+
+    def _gather_ran_out(self) -> None:
+        self._gather_timer = None
+        self._gathered = True
+        self._dispatch()
+
+    def _on_answers(self) -> None:
+        """The pipe is readable: the batch's answers are there (or the model process is gone)."""
+        flight, self._in_flight = self._in_flight, None
+        batch, start = flight if flight is not None else ([], self.clock())
+        proposals: list[Proposal | Exception]
+        try:
+            proposals = list(self._piped.receive_batch()) if self._piped is not None else []
+        except ProposerFailed as exc:
+            self._failed_on_loop(exc)
+            proposals = [exc] * len(batch)
+        except Exception as exc:  # a failing batch must not stop the draft: answer each request's error
+            log.error("drafting failed for a batch of %d: %s", len(batch), exc)
+            proposals = [exc] * len(batch)
+        if batch:
+            self._finish(batch, proposals[: len(batch)], start, self.clock())
+        self._dispatch()
+
+    def _failed_on_loop(self, exc: ProposerFailed) -> None:
+        log.critical("%s; the draft stops serving so that it is restarted", exc)
+        self._stopping.set()
+        self._stop_reading()
+        self._fail(str(exc))
+
+    def _stop_reading(self) -> None:
+        if self._piped is not None and self._loop is not None:
+            self._loop.remove_reader(self._piped.fileno())
+            self._piped = None
+        if self._gather_timer is not None:
+            self._gather_timer.cancel()
+            self._gather_timer = None
+
     # --- compute (its own thread) --------------------------------------------------------------------
 
     def _compute_loop(self) -> None:
@@ -259,10 +352,7 @@ class DraftCore:
 
     def _compute(self, batch: list[Work]) -> None:
         start = self.clock()
-        requests = [
-            ProposalRequest(w.session.state, list(w.request.tokens), int(w.request.gamma), w.params, w.top_k)
-            for w in batch
-        ]
+        requests = [_proposal_request(w) for w in batch]
         try:
             proposals: list[Proposal | Exception] = list(self.proposer.propose_batch(requests))
         except ProposerFailed as exc:  # nothing more can be computed: answer, then stop serving
@@ -319,6 +409,11 @@ class DraftCore:
             work.session.busy = False
             work.stream.answer(response)
         self.metrics.queue_depth.set(len(self.buffer))
+
+
+def _proposal_request(work: Work) -> ProposalRequest:
+    req = work.request
+    return ProposalRequest(work.session.state, list(req.tokens), int(req.gamma), work.params, work.top_k)
 
 
 def _error_response(req: pb.ProposeRequest, err: SessionError) -> pb.ProposeResponse:

@@ -94,29 +94,60 @@ class ProcessProposer:
         weakref.finalize(state, self._freed.append, state.id)
         return state
 
+    def fileno(self) -> int:
+        """The pipe's descriptor: readable when the answers of a sent batch are there, or the process is gone."""
+        return self._conn.fileno()
+
     def propose_batch(self, batch: list[ProposalRequest]) -> list[Proposal]:
-        freed: list[int] = []
-        while self._freed:
-            freed.append(self._freed.popleft())
+        message = self._batch_message(batch)
+        with self._lock:
+            self._send(message)
+            return _proposals(self._recv())
+
+    def send_batch(self, batch: list[ProposalRequest]) -> None:
+        """Send a batch without waiting for its answers (:meth:`receive_batch` reads them)."""
+        message = self._batch_message(batch)
+        with self._lock:
+            self._send(message)
+
+    def receive_batch(self) -> list[Proposal]:
+        with self._lock:
+            return _proposals(self._recv())
+
+    def _batch_message(self, batch: list[ProposalRequest]) -> tuple[str, list[int], list[Any]]:
+        """The batch as the model process reads it, with the ids of the sessions dropped since the last one."""
         items = []
         for r in batch:
             state = r.state
             assert isinstance(state, RemoteState)
             items.append((state.id, None if state.opened else state.seed, r.new_tokens, r.gamma, r.params, r.top_k))
             state.opened = True
-        with self._lock:
-            try:
-                self._conn.send(("batch", freed, items))
-                kind, payload = self._conn.recv()
-            except (EOFError, OSError, BrokenPipeError) as exc:
-                self._gone = True
-                self._process.join(2)  # its pipe closes as it exits: wait for the exit code
-                raise ModelProcessGone(
-                    f"the draft model process {self.pid} is gone (exit code {self._process.exitcode}): {exc}"
-                ) from None
-        if kind == "error":
-            raise RuntimeError(payload)
-        return [Proposal(ids, q_ids, q_probs, ahead) for ids, q_ids, q_probs, ahead in payload]
+        return ("batch", self._take_freed(), items)
+
+    def _take_freed(self) -> list[int]:
+        freed: list[int] = []
+        while self._freed:
+            freed.append(self._freed.popleft())
+        return freed
+
+    def _send(self, message: tuple[str, Any, Any]) -> None:
+        try:
+            self._conn.send(message)
+        except (OSError, BrokenPipeError) as exc:
+            raise self._gone_error(exc) from None
+
+    def _recv(self) -> tuple[str, Any]:
+        try:
+            kind, payload = self._conn.recv()
+        except (EOFError, OSError) as exc:
+            raise self._gone_error(exc) from None
+        return kind, payload
+
+    def _gone_error(self, exc: Exception) -> ModelProcessGone:
+        self._gone = True
+        self._process.join(2)  # its pipe closes as it exits: wait for the exit code
+        code = self._process.exitcode
+        return ModelProcessGone(f"the draft model process {self.pid} is gone (exit code {code}): {exc}")
 
     def draft_ahead(self, stop: Callable[[], bool]) -> None:
         pass  # the model process drafts ahead by itself after each batch, until the next message arrives
@@ -124,11 +155,8 @@ class ProcessProposer:
     def states_held(self) -> int:
         """How many session states the model process holds (after freeing those already dropped here)."""
         with self._lock:
-            freed: list[int] = []
-            while self._freed:
-                freed.append(self._freed.popleft())
-            self._conn.send(("count", freed, None))
-            _, count = self._conn.recv()
+            self._send(("count", self._take_freed(), None))
+            _, count = self._recv()
         return int(count)
 
     def check(self) -> None:
@@ -147,6 +175,13 @@ class ProcessProposer:
             self._process.terminate()
             self._process.join(timeout)
         self._conn.close()
+
+
+def _proposals(reply: tuple[str, Any]) -> list[Proposal]:
+    kind, payload = reply
+    if kind == "error":
+        raise RuntimeError(payload)
+    return [Proposal(ids, q_ids, q_probs, ahead) for ids, q_ids, q_probs, ahead in payload]
 
 
 def worker_main(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from starsd.proposals import DraftRequest, Proposal
 from starsd.system_model import BatchCurve
@@ -51,6 +51,22 @@ class Proposer(Protocol):
         """Raise :class:`ProposerFailed` if the proposer can no longer compute (called while idle)."""
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class PipedProposer(Proposer, Protocol):
+    """A proposer whose model answers on a file descriptor (a process of its own): a batch is sent, and its
+    answers are read once the descriptor is readable, so the server's event loop drives it with no thread in
+    between (each hand-over between threads costs a wake-up on the path of every round)."""
+
+    def fileno(self) -> int: ...
+
+    def send_batch(self, batch: list[ProposalRequest]) -> None: ...
+
+    def receive_batch(self) -> list[Proposal]:
+        """The answers of the batch sent last; raises :class:`ProposerFailed` if the model is gone (the
+        descriptor also becomes readable when it exits)."""
+        ...
 
 
 class ModelProposer:
