@@ -16,6 +16,7 @@ from starsd.integrations.vllm.rows import (
     match_rows,
     plan_step,
     row_gamma,
+    timed_since_last_step,
 )
 
 
@@ -96,6 +97,16 @@ def test_rows_with_no_gamma_are_not_asked_and_do_not_claim_sessions() -> None:
     rows = [as_tokens([1, 2, 3]), as_tokens([1, 2, 3])]
     plan = plan_step(rows, [0, 2], sessions, {0: 7}, step=1, idle_steps=5, new_session_id=ids().__next__)
     assert [(a.row, a.session_id) for a in plan.asks] == [(1, 7)]
+
+
+def test_only_a_session_drafted_in_the_previous_step_reports_the_time_since_as_its_verify() -> None:
+    sessions = {1: session(1, [1, 2], last_step=9), 2: session(2, [5, 6], last_step=7)}
+    rows = [as_tokens([1, 2, 3]), as_tokens([5, 6, 7]), as_tokens([8])]
+    plan = plan_step(rows, [2, 2, 2], sessions, {}, step=10, idle_steps=5, new_session_id=ids().__next__)
+    timed = {a.row: timed_since_last_step(a, sessions, step=10) for a in plan.asks}
+    # Row 0 continues a session of step 9; row 1 one last drafted at step 7 (steps without drafts since); row 2
+    # opens a session (the time since step 9 was its prefill, or an idle replica, not a verify pass).
+    assert timed == {0: True, 1: False, 2: False}
 
 
 def test_sessions_unseen_for_idle_steps_are_released() -> None:

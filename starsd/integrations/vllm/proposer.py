@@ -22,7 +22,16 @@ import numpy.typing as npt
 
 from starsd.integrations.vllm.config import ConfigError, gamma_limit_error, load_config
 from starsd.integrations.vllm.link import StepLink
-from starsd.integrations.vllm.rows import Session, StepPlan, Tokens, apply_answers, as_tokens, plan_step, row_gamma
+from starsd.integrations.vllm.rows import (
+    Session,
+    StepPlan,
+    Tokens,
+    apply_answers,
+    as_tokens,
+    plan_step,
+    row_gamma,
+    timed_since_last_step,
+)
 from starsd.proposal_codec import proposal_fault
 from starsd.proto import starsd_pb2 as pb
 
@@ -181,20 +190,23 @@ class StarSDProposer:
     def _run(self, plan: StepPlan, out: list[list[int]], verify_seconds: float, running: int) -> None:
         """Send the plan's burst and fill ``out`` with the answers that arrived in time."""
         occupancy = min(1.0, running / self.max_num_seqs)
-        requests = [
-            pb.ProposeRequest(
-                target_id=self.config.target_id,
-                session_id=ask.session_id,
-                seq=ask.seq,
-                tokens=ask.new_tokens,
-                gamma=ask.gamma,
-                verify_seconds=verify_seconds,
-                rtt_seconds=self.last_rtt,
-                running_requests=running,
-                occupancy=occupancy,
+        requests = []
+        for ask in plan.asks:
+            # Both timings describe the previous step: sent only for a session that was in it.
+            timed = timed_since_last_step(ask, self.sessions, self.step)
+            requests.append(
+                pb.ProposeRequest(
+                    target_id=self.config.target_id,
+                    session_id=ask.session_id,
+                    seq=ask.seq,
+                    tokens=ask.new_tokens,
+                    gamma=ask.gamma,
+                    verify_seconds=verify_seconds if timed else 0.0,
+                    rtt_seconds=self.last_rtt if timed else 0.0,
+                    running_requests=running,
+                    occupancy=occupancy,
+                )
             )
-            for ask in plan.asks
-        ]
         releases = [self._release(s) for s in plan.release]
         sent = time.perf_counter()
         burst = self.link.burst(requests, releases, self.config.timeout)

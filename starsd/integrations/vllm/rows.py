@@ -140,6 +140,14 @@ def plan_step(
     return StepPlan(asks, release, matches)
 
 
+def timed_since_last_step(ask: Ask, sessions: Mapping[int, Session], step: int) -> bool:
+    """Whether the time since the previous step's proposals came back was this ask's verify time: its session
+    drafted in that step. A new session, or one back after steps without drafts (a cooldown, a prefill, an idle
+    replica), would report the gap as a verify pass and inflate the draft's Tp."""
+    session = sessions.get(ask.session_id)
+    return session is not None and session.last_step == step - 1
+
+
 def apply_answers(
     sessions: Mapping[int, Session], plan: StepPlan, answered: set[int], step: int
 ) -> tuple[dict[int, Session], list[Session]]:
