@@ -35,7 +35,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starsd.bench.report import Column, Machine, table
 from starsd.bench.vllm_fleet import (
@@ -47,6 +47,9 @@ from starsd.bench.vllm_fleet import (
     starsd_speculation,
     vllm_env,
 )
+
+if TYPE_CHECKING:
+    from starsd.local import LocalStar
 
 SETUPS = ("alone", "draft-model", "starsd", "pair-own", "pair-shared")
 WARMUP_REQUESTS = 4  # one short pass per server before the measured ones
@@ -101,6 +104,41 @@ class ClientPass:
 
 
 @dataclass(frozen=True)
+class DraftSide:
+    """The StarSD draft's share of a pass, from its ``/metrics`` read right before and right after it: at one
+    client a round is about ``verify_ms + 2 * transfer_ms + service_ms`` (the system model's Tp + 2 Tc + Tq)."""
+
+    requests: int  # proposal requests the draft answered during the pass
+    service_ms: float | None  # the draft's compute per request (Tq)
+    transfer_ms: float | None  # one way, from the proposers' round trips (Tc)
+    verify_ms: float | None  # the replicas' time between a proposal and the next request (Tp)
+    ahead_hits: float | None  # share of the requests answered from what the draft had drafted ahead
+
+
+_TOTALS = ("starsd_draft_requests_total", "starsd_draft_ahead_hits_total")
+_MEANS = ("starsd_draft_service_seconds", "starsd_draft_transfer_seconds", "starsd_draft_target_verify_seconds")
+
+
+def draft_side(before: dict[str, float], after: dict[str, float]) -> DraftSide:
+    """The draft's counters over a pass (``prometheus_totals`` of its ``/metrics`` before and after)."""
+    names = [*_TOTALS, *(f"{m}_{part}" for m in _MEANS for part in ("sum", "count"))]
+    d = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in names}
+
+    def mean_ms(metric: str) -> float | None:
+        count = d[f"{metric}_count"]
+        return 1000.0 * d[f"{metric}_sum"] / count if count > 0 else None
+
+    requests = int(d["starsd_draft_requests_total"])
+    return DraftSide(
+        requests=requests,
+        service_ms=mean_ms("starsd_draft_service_seconds"),
+        transfer_ms=mean_ms("starsd_draft_transfer_seconds"),
+        verify_ms=mean_ms("starsd_draft_target_verify_seconds"),
+        ahead_hits=d["starsd_draft_ahead_hits_total"] / requests if requests else None,
+    )
+
+
+@dataclass(frozen=True)
 class VllmPoint:
     """One setup at one concurrency (per replica)."""
 
@@ -115,6 +153,7 @@ class VllmPoint:
     acceptance_length: float | None  # tokens per verification step: 1 + accepted / steps with proposals
     variant: str | None = None  # with draft variants: the StarSD draft's options during this pass
     round: int | None = None  # with draft variants: which round
+    draft: DraftSide | None = None  # setups with the StarSD draft: its share of the pass
 
 
 def combine(setup: str, concurrency: int, passes: Sequence[ClientPass], draft_models: int) -> VllmPoint:
@@ -203,6 +242,13 @@ class VllmCompareReport:
             Column("acc len", lambda p: p.acceptance_length, ".2f", 8),
             Column("failed", lambda p: p.failed, "d", 7),
         ]
+        if any(p.draft is not None for p in self.points):
+            columns += [
+                Column("Tq", lambda p: p.draft and p.draft.service_ms, ".2f", 8),
+                Column("Tc", lambda p: p.draft and p.draft.transfer_ms, ".2f", 7),
+                Column("Tp", lambda p: p.draft and p.draft.verify_ms, ".2f", 8),
+                Column("ahead", lambda p: p.draft and p.draft.ahead_hits, ".2f", 6),
+            ]
         if self.config.variants:
             columns[2:4] = [
                 Column("round", lambda p: p.round, "d", 6),
@@ -214,6 +260,11 @@ class VllmCompareReport:
             value = "-" if r.value is None else f"{r.value:.2f}x"
             each = f"  (median of {', '.join(f'{x:.2f}' for x in r.rounds)})" if len(r.rounds) > 1 else ""
             lines.append(f"{r.name:<26}{r.concurrency:>3}{value:>16}  >= {r.goal:g}x{each}")
+        if any(p.draft is not None for p in self.points):
+            lines.append(
+                "Tq, Tc, Tp: the StarSD draft's compute per request, the one-way transfer and the replicas' step "
+                "between proposals (ms, from its /metrics over the pass); ahead: share of requests drafted ahead"
+            )
         lines.append(self.machine.describe())
         return "\n".join(lines)
 
@@ -319,6 +370,8 @@ def measure(config: VllmCompareConfig, setups: Sequence[str], progress: Callable
                 for setup in [s for s in SETUPS if s in wanted]:
                     names, drafts = members[setup]
                     tags = [f"{setup}-c{c}-{n}" for n in names]
+                    uses_draft = setup in ("starsd", "pair-shared")
+                    before = draft_totals(star) if uses_draft else {}
                     with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
                         passes = list(
                             pool.map(
@@ -326,6 +379,8 @@ def measure(config: VllmCompareConfig, setups: Sequence[str], progress: Callable
                             )
                         )
                     point = combine(setup, c, passes, drafts)
+                    if uses_draft:
+                        point = dataclasses.replace(point, draft=draft_side(before, draft_totals(star)))
                     points.append(point)
                     progress(f"{setup} at C={c}: {point.output_throughput:.1f} tok/s, {point.failed} failed")
         return points
@@ -384,12 +439,20 @@ def measure_variants(config: VllmCompareConfig, progress: Callable[[str], None])
                     for c in config.concurrency:
                         for setup, server in (("draft-model", own), ("starsd", shared)):
                             tag = f"{setup}-c{c}-r{r}-v{i}"
+                            before = draft_totals(star) if server is shared else {}
                             point = combine(setup, c, [run_client(config, server, c, tag)], 1)
-                            points.append(dataclasses.replace(point, variant=variant, round=r))
+                            side = draft_side(before, draft_totals(star)) if server is shared else None
+                            points.append(dataclasses.replace(point, variant=variant, round=r, draft=side))
                             progress(f"{setup} at C={c}: {point.output_throughput:.1f} tok/s, {point.failed} failed")
         return points
     finally:
         star.stop()
+
+
+def draft_totals(star: LocalStar) -> dict[str, float]:
+    """The StarSD draft's ``/metrics`` as totals (``prometheus_totals``)."""
+    with urllib.request.urlopen(f"http://{star.host}:{star.metrics_port}/metrics", timeout=10) as reply:
+        return prometheus_totals(reply.read().decode())
 
 
 def _wait_for_targets(metrics_url: str, targets: int, seconds: float) -> None:

@@ -252,6 +252,10 @@ class DraftCore:
         if req.rtt_seconds > 0 and session.last_draft_seconds > 0:
             transfer = max(0.0, (req.rtt_seconds - session.last_draft_seconds) / 2)
         self.load.record_request(key, req.verify_seconds, transfer)
+        if req.verify_seconds > 0:
+            self.metrics.target_verify_seconds.observe(req.verify_seconds)
+        if transfer is not None:
+            self.metrics.transfer_seconds.observe(transfer)
         self.load.record_demand(req.target_id, req.running_requests, req.waiting_requests, req.occupancy)
         session.busy = True
         stream.pending += 1

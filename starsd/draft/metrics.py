@@ -35,6 +35,20 @@ class DraftMetrics:
             buckets=(0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0),
             registry=r,
         )
+        # What the targets report with each request (the system model's Tp and Tc, as /v1/load averages them
+        # over its window): here as totals, so that any span (a benchmark's pass, a dashboard's range) has its own.
+        self.target_verify_seconds = Histogram(
+            "starsd_draft_target_verify_seconds",
+            "Targets' time between receiving a session's proposal and asking for its next one (Tp)",
+            buckets=(0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0),
+            registry=r,
+        )
+        self.transfer_seconds = Histogram(
+            "starsd_draft_transfer_seconds",
+            "One-way transfer time between a target and the draft, from the target's round trip (Tc)",
+            buckets=(0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064),
+            registry=r,
+        )
         self.batch_size = Histogram(
             "starsd_draft_batch_size",
             "Requests per drafting step",

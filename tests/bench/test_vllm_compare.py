@@ -19,6 +19,7 @@ from starsd.bench.vllm_compare import (
     VllmPoint,
     client_argv,
     combine,
+    draft_side,
     ratios,
     variant_ratios,
 )
@@ -174,6 +175,64 @@ def test_the_report_prints_every_point_and_ratio_and_writes_json(tmp_path: Path)
         "goal": 1.0,
         "rounds": [],
     }
+
+
+# The StarSD draft's /metrics (prometheus_client's text) before and after a pass of 530 one-row rounds.
+DRAFT_BEFORE = """# HELP starsd_draft_requests_total Proposal requests answered
+starsd_draft_requests_total 100.0
+starsd_draft_ahead_hits_total 40.0
+starsd_draft_service_seconds_bucket{le="0.004"} 90.0
+starsd_draft_service_seconds_sum 0.5
+starsd_draft_service_seconds_count 100.0
+starsd_draft_transfer_seconds_sum 0.1
+starsd_draft_transfer_seconds_count 99.0
+starsd_draft_target_verify_seconds_sum 1.0
+starsd_draft_target_verify_seconds_count 99.0
+"""
+DRAFT_AFTER = """starsd_draft_requests_total 630.0
+starsd_draft_ahead_hits_total 358.0
+starsd_draft_service_seconds_bucket{le="0.004"} 500.0
+starsd_draft_service_seconds_sum 3.15
+starsd_draft_service_seconds_count 630.0
+starsd_draft_transfer_seconds_sum 0.6
+starsd_draft_transfer_seconds_count 599.0
+starsd_draft_target_verify_seconds_sum 6.5
+starsd_draft_target_verify_seconds_count 599.0
+"""
+
+
+def test_the_draft_side_of_a_pass_is_what_its_counters_gained_during_it() -> None:
+    side = draft_side(prometheus_totals(DRAFT_BEFORE), prometheus_totals(DRAFT_AFTER))
+    assert side.requests == 530
+    assert side.service_ms == pytest.approx(5.0)  # 2.65 s over 530 requests
+    assert side.transfer_ms == pytest.approx(1.0)  # 0.5 s over 500 round trips
+    assert side.verify_ms == pytest.approx(11.0)
+    assert side.ahead_hits == pytest.approx(0.6)
+
+
+def test_a_pass_the_draft_answered_nothing_in_has_no_means() -> None:
+    totals = prometheus_totals(DRAFT_BEFORE)
+    side = draft_side(totals, totals)
+    assert side.requests == 0
+    assert (side.service_ms, side.transfer_ms, side.verify_ms, side.ahead_hits) == (None, None, None, None)
+
+
+def test_the_report_shows_the_draft_side_where_a_pass_has_one(tmp_path: Path) -> None:
+    side = draft_side(prometheus_totals(DRAFT_BEFORE), prometheus_totals(DRAFT_AFTER))
+    points = [
+        combine("draft-model", 1, [a_pass(250.0, 400, 300, 100)], 1),
+        dataclasses.replace(combine("starsd", 1, [a_pass(200.0)], 1), draft=side),
+    ]
+    report = VllmCompareReport(config(tmp_path), Machine.now().finished(), points)
+    lines = report.table().splitlines()
+    head = lines[0].split()
+    assert head[-4:] == ["Tq", "Tc", "Tp", "ahead"]
+    assert lines[1].split()[-4:] == ["-", "-", "-", "-"]  # the in-process draft's pass
+    assert lines[2].split()[-4:] == ["5.00", "1.00", "11.00", "0.60"]
+    write_json(tmp_path / "vllm.json", report)
+    data = json.loads((tmp_path / "vllm.json").read_text())
+    assert data["points"][0]["draft"] is None
+    assert data["points"][1]["draft"]["service_ms"] == pytest.approx(5.0)
 
 
 def test_prometheus_totals_sum_over_labels() -> None:

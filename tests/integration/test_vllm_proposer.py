@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from starsd.bench.vllm_compare import draft_side, draft_totals
 from starsd.checkpoints import LoadedModel, load_checkpoint
 from starsd.integrations.vllm import StarSDProposer
 from starsd.local import LocalStar, http_json
@@ -98,6 +99,7 @@ def test_proposals_are_the_drafts_greedy_continuation_as_rows_move(
     proposer: StarSDProposer, draft_model: LoadedModel, draft: LocalStar
 ) -> None:
     wait_for(lambda: proposer.link.connected, "the proposer is connected")
+    before = draft_totals(draft)
     contexts = prompts(draft_model)
     batch = Batch([list(c) for c in contexts])
     for step in range(4):
@@ -115,6 +117,14 @@ def test_proposals_are_the_drafts_greedy_continuation_as_rows_move(
     assert proposer.steps_missed == 0
     status, load = http_json(draft.load_url)
     assert status == 200 and load["targets"] == 1
+    # Every request after a session's first reported the replica's step and its round trip: 4 + 3 + 3 of them.
+    side = draft_side(before, draft_totals(draft))
+    assert side.requests == 4 + 4 + 3 + 3
+    after = draft_totals(draft)
+    for metric in ("starsd_draft_target_verify_seconds", "starsd_draft_transfer_seconds"):
+        assert after[f"{metric}_count"] - before.get(f"{metric}_count", 0.0) == 10, metric
+    assert side.verify_ms is not None and side.verify_ms > 0
+    assert side.transfer_ms is not None and side.service_ms is not None
 
 
 def test_idle_sessions_are_freed_on_the_draft(
