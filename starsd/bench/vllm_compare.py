@@ -254,7 +254,7 @@ class VllmCompareReport:
                 Column("round", lambda p: p.round, "d", 6),
                 Column("draft options", lambda p: p.variant, "", 24, left=True),
             ]
-        lines = table(self.points, columns)
+        lines = table(self.points, columns, sep=" ")
         lines += ["", "ratio                       C    tokens/s ratio  goal"]
         for r in self.ratios:
             value = "-" if r.value is None else f"{r.value:.2f}x"
