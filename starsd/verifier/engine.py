@@ -224,6 +224,15 @@ class TargetEngine:
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
+    def _release_session(self, session: TargetSession) -> None:
+        """Give a finished session's slot back on the model thread, after the step in flight: a completion
+        cancelled while its row is in a step (its client left) must not free a slot that step is still using
+        (the step would fail, and every completion in it with a 500)."""
+        try:
+            self.executor.submit(self.runner.release, session)
+        except RuntimeError:  # the engine is closed: no step runs any more
+            self.runner.release(session)
+
     def reservation(self, prompt_tokens: int, max_tokens: int) -> int:
         """Key/value tokens a completion reserves while it runs (its longest possible cache, drafts included)."""
         return prompt_tokens + max_tokens + self.gamma
@@ -336,6 +345,6 @@ class TargetEngine:
             if c is not None:
                 if c.link is not None:
                     c.link.release()
-                self.runner.release(c.session)
+                self._release_session(c.session)
             self.budget.release(reserved)
             self.metrics.running.set(self.budget.running)
