@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from starsd.checkpoints import LoadedModel, load_checkpoint
 from starsd.local import LocalStar
@@ -40,6 +42,13 @@ class Reference:
 @pytest.fixture(scope="module")
 def reference(reference_model: LoadedModel) -> Reference:
     return Reference(reference_model)
+
+
+def metric(url: str, name: str) -> float:
+    """The sum of a Prometheus metric's samples named ``name`` at ``url``."""
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
 
 
 def start_star(pair: tuple[Path, Path], targets: int, log_dir: Path, **kw: object) -> LocalStar:

@@ -13,7 +13,7 @@ import pytest
 
 from starsd import procfs
 from starsd.local import LocalStar, http_json
-from tests.integration.conftest import PROMPTS, Reference, start_star
+from tests.integration.conftest import PROMPTS, Reference, metric, start_star
 
 MAX_TOKENS = 160
 
@@ -42,13 +42,28 @@ def _wait_linked(star: LocalStar, timeout: float = 60.0) -> None:
     raise AssertionError("targets did not reconnect to the restarted draft")
 
 
+def _wait_in_flight(star: LocalStar, rounds_before: list[float], timeout: float = 60.0) -> None:
+    """Until every target has requests open and has run a round since ``rounds_before``:
+    a kill after this lands mid-flight however fast the machine is (a fixed sleep did not on a fast one)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        urls = [f"{u}/metrics" for u in star.urls]
+        rounds = [metric(u, "starsd_target_rounds_total") for u in urls]
+        active = [metric(u, "starsd_target_active_requests") for u in urls]
+        if all(r > b for r, b in zip(rounds, rounds_before, strict=True)) and all(a > 0 for a in active):
+            return
+        time.sleep(0.01)
+    raise AssertionError("the requests were not seen in flight on every target")
+
+
 def test_draft_killed_during_requests_then_restarted(star2: LocalStar, reference: Reference) -> None:
     prompts = PROMPTS[:8]
     for p in prompts:  # compute the oracle first, so the kill lands while requests are in flight
         reference.greedy(p, MAX_TOKENS)
+    rounds_before = [metric(f"{u}/metrics", "starsd_target_rounds_total") for u in star2.urls]
     with ThreadPoolExecutor(max_workers=8) as pool:
         futures = [pool.submit(_complete, star2.urls[i % 2], p) for i, p in enumerate(prompts)]
-        time.sleep(0.5)
+        _wait_in_flight(star2, rounds_before)
         star2.kill_draft()  # SIGKILL
         bodies = [f.result(timeout=300) for f in futures]
     for prompt, body in zip(prompts, bodies, strict=True):

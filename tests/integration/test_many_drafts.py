@@ -21,6 +21,7 @@ TARGETS = 6
 DRAFTS = 2
 COMPLETIONS = 24
 MOVE_SECONDS = 5.0  # the targets of a killed draft report the other one within this (the backoff is at most 2 s)
+LATER_TOKENS = 48  # each completion sent to a moved target after its move
 WAIT = 120.0  # settling on a loaded machine
 START_TIMEOUT = 900.0  # eight processes loading torch at once on a small shared machine
 
@@ -152,12 +153,17 @@ def test_killing_a_draft_moves_its_targets_to_the_other(star: LocalStar, referen
         # Rounds that had already decided to decode alone finish within a step or two; then no more fallback.
         time.sleep(1.0)
         moved = {i: metrics(star.urls[i]) for i in affected}
-        still_running = [not f.done() for _, f in jobs]
+        # Completions that start after the move (beside what is left of the first ones, however fast the machine
+        # finished those): the moved targets draft for them with the survivor and decode nothing alone.
+        later = [(p, pool.submit(complete, star.urls[i], p, LATER_TOKENS)) for i in affected for p in PROMPTS[:2]]
         bodies = [(prompt, f.result(timeout=600)) for prompt, f in jobs]
+        later_bodies = [(prompt, f.result(timeout=600)) for prompt, f in later]
 
     for prompt, body in bodies:  # zero failed requests (complete() asserts 200), and lossless
         assert body["starsd"]["token_ids"] == reference.greedy(prompt, max_tokens), prompt
-    assert any(still_running), "the workload ended before the move: the fallback check below would prove nothing"
+    for prompt, body in later_bodies:
+        assert body["starsd"]["token_ids"] == reference.greedy(prompt, LATER_TOKENS), prompt
+        assert body["starsd"]["fallback_tokens"] == 0 and body["starsd"]["drafted_tokens"] > 0, body["starsd"]
     for i in affected:
         status = ready(star.urls[i])
         assert status["draft_address"] == survivor and status["draft_rank"] == 1, status
@@ -167,11 +173,10 @@ def test_killing_a_draft_moves_its_targets_to_the_other(star: LocalStar, referen
         )
         assert after["starsd_target_fallback_tokens_total"] == moved[i]["starsd_target_fallback_tokens_total"]
         # ... while the target kept generating on the other draft's proposals after it moved.
-        if after["starsd_target_generated_tokens_total"] > moved[i]["starsd_target_generated_tokens_total"]:
-            assert (
-                after["starsd_spec_decode_num_draft_tokens_total"]
-                > (moved[i]["starsd_spec_decode_num_draft_tokens_total"])
-            )
+        assert after["starsd_target_generated_tokens_total"] > moved[i]["starsd_target_generated_tokens_total"]
+        assert (
+            after["starsd_spec_decode_num_draft_tokens_total"] > moved[i]["starsd_spec_decode_num_draft_tokens_total"]
+        )
     for i in others:  # the survivor's own targets never moved
         status = ready(star.urls[i])
         assert status["draft_address"] == survivor and status["draft_rank"] == 0

@@ -15,22 +15,14 @@ from pathlib import Path
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from starsd.local import LocalStar, Proc, free_port, http_json
 from starsd.proto import starsd_pb2 as pb
 from starsd.proto import starsd_pb2_grpc as pb_grpc
 from starsd.vocab import vocab_fingerprint
-from tests.integration.conftest import Reference
+from tests.integration.conftest import Reference, metric
 
 PROMPT = "class Parser:\n    def parse(self, text):\n"
-
-
-def metric(url: str, name: str) -> float:
-    """The sum of a Prometheus metric's samples named ``name`` at ``url``."""
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        text = resp.read().decode()
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
 
 
 def sse_events(url: str, body: dict[str, object]) -> list[str]:
