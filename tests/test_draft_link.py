@@ -81,3 +81,37 @@ def test_an_unverifiable_answer_is_counted_by_the_client_and_the_round_decodes_a
     assert answers == [None, [3, 3], None, [3, 3]]
     assert malformed == 2
     assert opened and all(a.startswith("127.0.0.1:") for a in opened)
+
+
+def test_a_round_cancelled_as_its_answer_arrives_stays_cancelled() -> None:
+    """A client that leaves cancels its completion's round; when the draft's answer lands in the same turn of the
+    event loop, the round must still end (Python 3.11's asyncio.wait_for returned the answer instead, and the
+    completion generated on to max_tokens for a client that was gone)."""
+
+    async def scenario() -> tuple[bool, int]:
+        client = DraftClient("127.0.0.1:1", "t-0", "fp", VOCAB, DraftClientOptions())  # never started: no stream
+        answer: asyncio.Future[pb.ProposeResponse | None] = asyncio.get_running_loop().create_future()
+        sent: list[pb.ProposeRequest] = []
+
+        def send(req: pb.ProposeRequest) -> asyncio.Future[pb.ProposeResponse | None]:
+            sent.append(req)
+            return answer
+
+        client.send = send  # type: ignore[method-assign]
+        client.connected = True
+        link = DraftLink(client, SamplingParams(), seed=1)
+        round_ = asyncio.create_task(link.propose([1, 2], gamma=2, verify_seconds=0.0))
+        while not sent:
+            await asyncio.sleep(0)
+        req = sent[0]
+        answer.set_result(pb.ProposeResponse(session_id=req.session_id, seq=req.seq, token_ids=[3, 3]))
+        round_.cancel()  # the same turn: the answer's wake-up is queued, not yet run
+        try:
+            await round_
+        except asyncio.CancelledError:
+            return True, len(sent)
+        return False, len(sent)
+
+    cancelled, requests = asyncio.run(scenario())
+    assert requests == 1
+    assert cancelled, "the round returned its answer to a cancelled completion"

@@ -53,7 +53,8 @@ class Drain:
     async def wait_idle(self, timeout: float | None) -> bool:
         """True when no completion is in flight (within ``timeout`` seconds; ``None``: however long)."""
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
         except TimeoutError:
             return False
         return True

@@ -171,7 +171,8 @@ class DraftDiscovery:
         # beside it, so a dead resolver costs one thread, not one per interval.
         self._lookup = loop.run_in_executor(None, self.resolver, self.source.host, self.source.port)
         self._lookup.add_done_callback(_retrieve)  # an abandoned lookup's error is not "never retrieved"
-        return await asyncio.wait_for(asyncio.shield(self._lookup), self.timeout)
+        async with asyncio.timeout(self.timeout):
+            return await asyncio.shield(self._lookup)
 
     def _failed(self, why: str) -> None:
         if why != self.error:

@@ -182,7 +182,8 @@ class DraftClient:
             await asyncio.sleep(seconds)
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._drafts_changed.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self._drafts_changed.wait()
 
     async def _open(self, rank: int, need_room: bool = False) -> DraftStream:
         """A new stream to draft ``rank`` (see :func:`starsd.verifier.draft_stream.open_stream`)."""
@@ -336,7 +337,8 @@ class DraftClient:
             try:
                 if reader is not None:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(asyncio.shield(reader), self.options.deadline + 1.0)
+                        async with asyncio.timeout(self.options.deadline + 1.0):
+                            await asyncio.shield(reader)
             finally:
                 if reader is not None and not reader.done():
                     reader.cancel()

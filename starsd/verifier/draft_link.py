@@ -83,7 +83,10 @@ class DraftLink:
         if future is None:
             return None
         try:
-            response = await asyncio.wait_for(future, client.options.deadline)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns an answer that lands as the round is
+            # cancelled (a client that left), and the completion would generate on for nobody.
+            async with asyncio.timeout(client.options.deadline):
+                response = await future
         except TimeoutError:
             # The draft may yet process this request: its view of the session is unknown, so drop the session.
             client.forget(self.session_id, self.seq)
