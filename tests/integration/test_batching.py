@@ -18,8 +18,7 @@ import torch
 
 from starsd.checkpoints import load_checkpoint
 from starsd.local import LocalStar, http_json
-from tests.integration.conftest import PROMPTS, Reference, start_star
-from tests.integration.test_request_lifecycle import metric
+from tests.integration.conftest import PROMPTS, Reference, metric, start_star
 
 PREFILL_CHUNK = 16
 LONG_PROMPT = "def parse(self, text):\n    result = []\n    for line in text.splitlines():\n" * 4
