@@ -83,8 +83,7 @@ class DraftLink:
         if future is None:
             return None
         try:
-            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns an answer that lands as the round is
-            # cancelled (a client that left), and the completion would generate on for nobody.
+            # not asyncio.wait_for, which can lose the cancellation of a client that left (pyproject.toml's ban)
             async with asyncio.timeout(client.options.deadline):
                 response = await future
         except TimeoutError:

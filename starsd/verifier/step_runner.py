@@ -39,5 +39,5 @@ class StepRunner(Protocol):
         ...
 
     def release(self, session: TargetSession) -> None:
-        """Give back what a finished session holds (called on the model thread too, after any step holding it)."""
+        """Give back what a finished session holds (called on the model thread, once no step holds it)."""
         ...

@@ -45,9 +45,9 @@ def _wait_linked(star: LocalStar, timeout: float = 60.0) -> None:
 def _wait_in_flight(star: LocalStar, rounds_before: list[float], timeout: float = 60.0) -> None:
     """Until every target has requests open and has run a round since ``rounds_before``:
     a kill after this lands mid-flight however fast the machine is (a fixed sleep did not on a fast one)."""
+    urls = [f"{u}/metrics" for u in star.urls]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        urls = [f"{u}/metrics" for u in star.urls]
         rounds = [metric(u, "starsd_target_rounds_total") for u in urls]
         active = [metric(u, "starsd_target_active_requests") for u in urls]
         if all(r > b for r, b in zip(rounds, rounds_before, strict=True)) and all(a > 0 for a in active):

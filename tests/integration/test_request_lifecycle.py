@@ -28,6 +28,8 @@ from tests.integration.conftest import PROMPTS, Reference, metric
 
 PROMPT = "class Parser:\n    def parse(self, text):\n"
 LEAVERS_BESIDE_TOKENS = 48  # each greedy completion that shares its steps with clients that leave
+LEAVER_TOKENS = 900  # a leaver's completion: far longer than it stays (ignore_eos: no early end)
+LEFT_WITHIN = 3.0  # seconds after its client hung up by which a completion is gone (a round takes ~0.1 s)
 
 
 def sse_events(url: str, body: dict[str, object]) -> list[str]:
@@ -96,10 +98,6 @@ def test_a_client_that_leaves_stops_its_generation_and_frees_its_draft_session(s
     assert later == after_leave, f"{later - after_leave} rounds ran after the client left"
     assert metric(draft_metrics, "starsd_draft_sessions") == 0
     assert metric(target_metrics, "starsd_target_active_requests") == 0
-
-
-LEAVER_TOKENS = 900  # a leaver's completion: far longer than it stays (ignore_eos: no early end)
-LEFT_WITHIN = 3.0  # seconds after its client hung up by which a completion is gone (a round takes ~0.1 s)
 
 
 async def _complete_and_leave(session: aiohttp.ClientSession, url: str, stream: bool, after: float) -> None:
