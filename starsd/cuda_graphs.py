@@ -167,6 +167,7 @@ class StepGraphs:
         self._graphs: dict[tuple[int, int, int, int], _Graph] = {}
         self._memory = torch.cuda.graph_pool_handle() if capture else None
         self.disabled = False
+        self.captures = 0  # buckets captured so far (again after the pool reallocated): a capture costs eager steps
         params = inspect.signature(model.forward).parameters
         self._logits_to_keep = "logits_to_keep" in params
 
@@ -209,6 +210,7 @@ class StepGraphs:
                 self.disabled = True
                 return None
             self._graphs[key] = graph
+            self.captures += 1
         for name in ("tokens", "rows", "positions", "mask", "columns"):
             getattr(graph.static, name).copy_(getattr(padded, name))
         graph.graph.replay()

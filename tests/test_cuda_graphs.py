@@ -112,6 +112,7 @@ def test_replayed_drafting_equals_eager_drafting_on_cuda(any_pair: tuple[Path, P
             assert [p.token_ids for p in one] == [p.token_ids for p in two]
             prompts = [[p.token_ids[0], 1] for p in one]
     assert graphed._graphs is not None and not graphed._graphs.disabled
+    assert graphed.graph_captures >= len(graphed._graphs._graphs) >= 1 and eager.graph_captures == 0
 
 
 @pytest.mark.skipif(CUDA, reason="checks the refusal where no CUDA device is visible")
@@ -237,6 +238,7 @@ def test_replayed_verification_equals_eager_verification_on_cuda(any_pair: tuple
     one = _verify_rounds(eager, prompts, refs, 4)
     two = _verify_rounds(graphed, prompts, refs, 4)
     assert graphed._graphs is not None and not graphed._graphs.disabled and graphed._graphs._graphs
+    assert graphed.graph_captures >= len(graphed._graphs._graphs) and eager.graph_captures == 0
     assert [[(o.accepted, o.tokens) for o in s] for s in one] == [[(o.accepted, o.tokens) for o in s] for s in two]
     tolerance = 1e-4 if dtype == "float32" else 5e-2
     for s_one, s_two in zip(one, two, strict=True):

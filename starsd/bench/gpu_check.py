@@ -59,8 +59,14 @@ VERSIONS = (  # distributions
     "prometheus-client",
     "pytest",
 )
-# The test suite's CUDA variants (each skips with its reason where no GPU is visible).
-CUDA_TESTS = ("tests/bench/test_lossless_on_device.py", "tests/integration/test_batching.py")
+# The test suite's CUDA variants (each skips with its reason where no GPU is visible), the CUDA graphs' replays
+# against eager steps among them.
+CUDA_TESTS = (
+    "tests/bench/test_lossless_on_device.py",
+    "tests/integration/test_batching.py",
+    "tests/test_cuda_graphs.py::test_replayed_drafting_equals_eager_drafting_on_cuda",
+    "tests/test_cuda_graphs.py::test_replayed_verification_equals_eager_verification_on_cuda",
+)
 PROMPTS = (
     "def __init__(self",
     "import os\nimport sys\n",
@@ -273,6 +279,29 @@ def step_prediction(step_data: dict[str, Any] | None, mode: str = "eager") -> tu
     return system_model.BatchCurve(tuple(curve_points)), tp
 
 
+def device_figures(step_data: dict[str, Any], mode: str) -> dict[str, Any]:
+    """Where one step's time goes, for the target's and the draft's gamma-4 step of one session: the operators the
+    host dispatched, the device's kernel time and the share of the step's CUDA time the device sat idle waiting
+    for the host (near 1: launch-bound); and the graph captures that fell inside the timed steps of ``mode``."""
+    figures: dict[str, Any] = {}
+    rows = [r for r in step_data["rows"] if r["mode"] == mode]
+    for role, prefix in (("target", "tp"), ("draft", "tq")):
+        row = next(
+            (r for r in rows if (r["role"], r["gamma"], r["batch"], r["slots"]) == (role, GAMMA, 1, "consecutive")),
+            None,
+        )
+        if row is None:
+            continue
+        figures[f"{prefix}_ops"] = row.get("ops")
+        kernel, cuda = row.get("kernel_ms"), row.get("cuda_ms")
+        if kernel is not None and cuda:
+            figures[f"{prefix}_kernel_ms"] = kernel
+            figures[f"{prefix}_device_idle_share"] = round(max(0.0, 1 - kernel / cuda), 3)
+    if mode == "graphs":
+        figures["captures_while_timed"] = sum(r.get("captures") or 0 for r in rows)
+    return figures
+
+
 def star(out: Path, small: bool) -> dict[str, Any]:
     from starsd.bench.inproc_star import point_dict, run_point
     from starsd.bench.measure_gpu import describe, load_model
@@ -414,6 +443,7 @@ def profile(out: Path, small: bool) -> dict[str, Any]:
         entry["tq_below_tp"] = curve.tq(1) < tp
         entry["n_star"] = system_model.optimal_targets(curve.tq(1), tp, 0.0)
         entry["batched_n_star"] = system_model.batched_optimal_targets(curve, tp, 0.0)
+        entry.update(device_figures(st, mode))
         if weights and bandwidth:
             floor = weights / bandwidth
             entry["tp_memory_floor_ms"] = round(floor * 1e3, 4)

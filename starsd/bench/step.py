@@ -10,9 +10,13 @@ they took their slots) or *shuffled* (``B`` sessions drawn at random from all, i
 sees when rows come in arrival order).
 
 Each configuration runs ``warmup`` untimed steps, one step under the host-sync counter
-(:mod:`starsd.bench.syncs`), then ``repeats`` timed steps: wall time with the device synchronised after each step
-and, on CUDA, the time between two CUDA events around it. Where the runners take ``cuda_graphs`` (the CUDA-graph
-step), mode ``graphs`` times them with it on and ``eager`` with it off; otherwise only ``eager`` exists.
+(:mod:`starsd.bench.syncs`) and the operator counter, one step under the CUDA profiler (on CUDA: the device's
+kernel time, :mod:`starsd.bench.device_work`), then ``repeats`` timed steps: wall time with the device
+synchronised after each step and, on CUDA, the time between two CUDA events around it. Where CUDA time is far
+above kernel time, the device waits for the host: the step is bound by launches, not by the device. Where the
+runners take ``cuda_graphs`` (the CUDA-graph step), mode ``graphs`` times them with it on and ``eager`` with it
+off; otherwise only ``eager`` exists; a graphs row counts the buckets captured after the warm-up (each capture
+runs eager steps, so a row whose count is not 0 times some of them).
 
 Results are written after every configuration (``--json``), so a run that is cut off or runs out of ``--budget``
 keeps what it measured. Only this module's functions import torch, and only when they run.
@@ -34,6 +38,7 @@ ROLES = ("target", "draft")
 SLOTS = ("consecutive", "shuffled")
 MODES = ("eager", "graphs")
 PREFILL_TOKENS = 16384  # tokens per prefill call while preparing sessions (bounds the prefill's activations)
+INSPECTED = 2  # untimed steps per configuration after the warm-up: syncs and operators, then kernel time
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,7 @@ class StepPlan:
 
     def needed_positions(self) -> int:
         """The longest a session can get: its context, then at most ``gamma + 1`` tokens per step it is in."""
-        steps = len(self.batches) * len(self.gammas) * len(self.slots) * (self.warmup + 1 + self.repeats)
+        steps = len(self.batches) * len(self.gammas) * len(self.slots) * (self.warmup + INSPECTED + self.repeats)
         return max(self.contexts) + steps * (max(self.gammas) + 1) + max(self.gammas) + 1
 
 
@@ -91,6 +96,9 @@ class StepTiming:
     cuda_ms: float | None  # CUDA-event time; None off CUDA
     syncs: int  # host synchronisations in one step (see starsd.bench.syncs)
     context_mean: float  # the rows' mean cached context when the measurement started
+    ops: int = 0  # operators the host dispatched in one step (see starsd.bench.device_work)
+    kernel_ms: float | None = None  # the device's kernel and copy time in one step; None off CUDA
+    captures: int | None = None  # CUDA-graph buckets captured after the warm-up (graphs mode; None: eager)
 
 
 @dataclass
@@ -123,13 +131,15 @@ class StepReport:
 
     def table(self) -> str:
         head = f"{'role':<7}{'mode':<8}{'ctx':>6}{'gamma':>6}{'B':>4} {'slots':<12}"
-        head += f"{'wall ms':>9}{'cuda ms':>9}{'syncs':>6}"
+        head += f"{'wall ms':>9}{'cuda ms':>9}{'kernel ms':>10}{'syncs':>6}{'ops':>7}"
         lines = [f"bench step on {self.hardware} ({self.dtype}, torch {self.torch_version})", head]
         for r in self.rows:
             cuda = f"{r.cuda_ms:9.3f}" if r.cuda_ms is not None else f"{'-':>9}"
+            kernel = f"{r.kernel_ms:10.3f}" if r.kernel_ms is not None else f"{'-':>10}"
+            captured = f"  ({r.captures} captured while measured)" if r.captures else ""
             lines.append(
                 f"{r.role:<7}{r.mode:<8}{r.context:>6}{r.gamma:>6}{r.batch:>4} {r.slots:<12}{r.wall_ms:9.3f}{cuda}"
-                f"{r.syncs:>6}"
+                f"{kernel}{r.syncs:>6}{r.ops:>7}{captured}"
             )
         if self.skipped:
             lines.append(f"skipped: {'; '.join(self.skipped)}")
@@ -269,16 +279,22 @@ def _configs(plan: StepPlan) -> Iterator[tuple[int, str, int]]:
                 yield gamma, slots, batch
 
 
-def _measure(bench: _TargetBench | _DraftBench, rows: list[Any], gamma: int, plan: StepPlan, clock: _Clock) -> Any:
-    """Warm up, count one step's host syncs, then time ``plan.repeats`` steps: StepTiming's measured fields."""
+def _measure(
+    bench: _TargetBench | _DraftBench, rows: list[Any], gamma: int, plan: StepPlan, clock: _Clock, mode: str
+) -> Any:
+    """Warm up, count one step's host syncs and operators, take one step's kernel time (CUDA), then time
+    ``plan.repeats`` steps: StepTiming's measured fields."""
+    from starsd.bench.device_work import count_ops, kernel_seconds
     from starsd.bench.syncs import count_syncs
 
     for _ in range(plan.warmup):
         bench.step(rows, gamma)
+    captured = bench.runner.graph_captures
     clock.sync()
-    with count_syncs(clock.device) as syncs:
+    with count_syncs(clock.device) as syncs, count_ops() as ops:
         bench.step(rows, gamma)
     clock.sync()
+    kernel = kernel_seconds(lambda: bench.step(rows, gamma), clock.device)
     context_mean = bench.context(rows)
     times = [clock.time(lambda: bench.step(rows, gamma)) for _ in range(plan.repeats)]
     walls = [w for w, _ in times]
@@ -289,6 +305,9 @@ def _measure(bench: _TargetBench | _DraftBench, rows: list[Any], gamma: int, pla
         "cuda_ms": round(statistics.median(cudas) * 1e3, 4) if cudas else None,
         "syncs": syncs.count,
         "context_mean": round(context_mean, 1),
+        "ops": ops.count,
+        "kernel_ms": round(kernel * 1e3, 4) if kernel is not None else None,
+        "captures": bench.runner.graph_captures - captured if mode == "graphs" else None,
     }
 
 
@@ -352,16 +371,17 @@ def run_step_bench(
                         report.skipped.append(f"{role} {mode} context {context} gamma {gamma} B={batch} {slots}")
                         continue
                     rows = _rows_for(bench.sessions, batch, slots, rng)
-                    measured = _measure(bench, rows, gamma, plan, clock)
+                    measured = _measure(bench, rows, gamma, plan, clock, mode)
                     timing = StepTiming(role, describe(model), mode, context, gamma, batch, slots, **measured)
                     report.sync_method = sync_method(device)
                     report.rows.append(timing)
                     report.elapsed_s = round(time.perf_counter() - started, 2)
                     write(report)
                     cuda = f", cuda {timing.cuda_ms:.3f} ms" if timing.cuda_ms is not None else ""
+                    cuda += f", kernels {timing.kernel_ms:.3f} ms" if timing.kernel_ms is not None else ""
                     progress(
                         f"  {role} {mode} ctx {context} gamma {gamma} B={batch} {slots}: {timing.wall_ms:.3f} ms"
-                        f"{cuda}, {timing.syncs} syncs ({report.elapsed_s:.0f} s)"
+                        f"{cuda}, {timing.syncs} syncs, {timing.ops} ops ({report.elapsed_s:.0f} s)"
                     )
             for bench in benches.values():
                 bench.close()

@@ -143,6 +143,11 @@ class DraftRunner:
     def vocab_size(self) -> int:
         return self.loaded.vocab_size
 
+    @property
+    def graph_captures(self) -> int:
+        """CUDA-graph buckets captured so far (0 when the decoding steps run eagerly)."""
+        return self._graphs.captures if self._graphs is not None else 0
+
     def new_state(self, seed: int | None) -> DraftSessionState:
         """A session's state; ``seed`` is the request's seed (the draft's own stream is derived from it)."""
         generator = draft_generator(request_seed(seed), self.loaded.device)

@@ -132,6 +132,11 @@ class TargetRunner:
         if graphs_enabled(cuda_graphs, self.device):
             self._graphs = StepGraphs(loaded.model, self.pool, role="target")
 
+    @property
+    def graph_captures(self) -> int:
+        """CUDA-graph buckets captured so far (0 when the steps run eagerly)."""
+        return self._graphs.captures if self._graphs is not None else 0
+
     def new_session(self, prompt: list[int]) -> TargetSession:
         if not prompt:
             raise ValueError("the prompt must hold at least one token")

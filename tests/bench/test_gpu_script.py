@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from starsd.bench import profiles
-from starsd.bench.gpu_check import STAGES
+from starsd.bench.gpu_check import STAGES, device_figures
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,6 +59,8 @@ def test_correctness_ran_the_cuda_variants_and_the_probes(results: Path) -> None
     cases = corr["cuda_tests"]["cases"]
     assert any("test_lossless_on_device" in c["test"] for c in cases)
     assert any("test_on_cuda_batched_greedy" in c["test"] for c in cases)
+    for replay in ("test_replayed_drafting_equals_eager_drafting_on_cuda", "test_replayed_verification_equals"):
+        assert sum(replay in c["test"] for c in cases) >= 2, replay  # fp32 and bf16 (on each test pair)
     assert all(c["outcome"] == "skipped" for c in cases)  # no GPU here: each says why
     fp32 = corr["greedy_float32"]
     assert fp32["identical_outputs"] == fp32["prompts"] and fp32["match_rate"] == 1.0
@@ -72,7 +74,7 @@ def test_the_step_table_covers_both_roles(results: Path) -> None:
     assert step["complete"] and step["sync_method"] == "torch-dispatch-counter"
     roles = {(r["role"], r["gamma"], r["batch"]) for r in step["rows"]}
     assert {("target", 4, 1), ("draft", 4, 1), ("draft", 4, 4), ("target", 2, 4)} <= roles
-    assert all(r["wall_ms"] > 0 and r["syncs"] >= 1 for r in step["rows"])
+    assert all(r["wall_ms"] > 0 and r["syncs"] >= 1 and r["ops"] > 0 for r in step["rows"])
 
 
 def test_the_star_compares_one_two_and_four_targets_with_the_model(results: Path) -> None:
@@ -99,4 +101,41 @@ def test_the_profile_stage_writes_a_profile_starsd_loads_and_the_goals(results: 
     assert summary["profile"] == p.name and summary["correctness_passed"] and summary["smoke_passed"]
     goals = summary["step_goals"]["eager"]
     assert goals["tq_ms"] == pytest.approx(p.tq * 1e3) and goals["n_star"] >= 1
+    assert goals["tp_ops"] > 0 and goals["tq_ops"] > 0 and "tp_device_idle_share" not in goals  # no CUDA here
     assert {"speedup", "measured_over_model", "within_10_percent_of_model"} <= set(summary["star_4"])
+
+
+def test_device_figures_say_how_much_of_a_step_the_device_waited_for_the_host() -> None:
+    def row(role: str, mode: str, batch: int, cuda: float, kernel: float, captures: int | None) -> dict:  # type: ignore[type-arg]
+        return {
+            "role": role,
+            "mode": mode,
+            "gamma": 4,
+            "batch": batch,
+            "slots": "consecutive",
+            "cuda_ms": cuda,
+            "kernel_ms": kernel,
+            "ops": 900 if mode == "eager" else 12,
+            "captures": captures,
+        }
+
+    step = {
+        "rows": [
+            row("target", "eager", 1, 60.0, 6.0, None),
+            row("draft", "eager", 1, 40.0, 30.0, None),
+            row("target", "graphs", 1, 8.0, 6.0, 0),
+            row("target", "graphs", 4, 9.0, 7.0, 2),
+            row("draft", "graphs", 1, 4.0, 3.0, 1),
+        ]
+    }
+    eager = device_figures(step, "eager")
+    assert eager == {
+        "tp_ops": 900,
+        "tp_kernel_ms": 6.0,
+        "tp_device_idle_share": 0.9,
+        "tq_ops": 900,
+        "tq_kernel_ms": 30.0,
+        "tq_device_idle_share": 0.25,
+    }
+    graphs = device_figures(step, "graphs")
+    assert graphs["tp_device_idle_share"] == 0.25 and graphs["tp_ops"] == 12 and graphs["captures_while_timed"] == 3

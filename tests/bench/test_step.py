@@ -36,12 +36,17 @@ def test_a_tiny_cpu_run_times_every_configuration(tmp_path: Path, capsys: pytest
     ]
     assert keys == expected
     assert all(r["wall_ms"] > 0 and r["cuda_ms"] is None and r["mode"] == "eager" for r in data["rows"])
+    assert all(r["ops"] > 0 and r["kernel_ms"] is None and r["captures"] is None for r in data["rows"])
     assert all(r["context_mean"] >= r["context"] for r in data["rows"])
     assert data["skipped"] == ["target graphs: not on CUDA", "draft graphs: not on CUDA"] or not any(
         data["graphs_available"].values()
     )
     captured = capsys.readouterr()
-    assert "wall ms" in captured.out and "target eager ctx 8 gamma 4 B=3 shuffled" in captured.err
+    assert (
+        "wall ms" in captured.out
+        and "kernel ms" in captured.out
+        and "target eager ctx 8 gamma 4 B=3 shuffled" in captured.err
+    )
 
 
 def test_the_timed_calls_are_the_runners_steps_of_b_rows_with_gamma_drafts(
@@ -63,7 +68,7 @@ def test_the_timed_calls_are_the_runners_steps_of_b_rows_with_gamma_drafts(
     monkeypatch.setattr(DraftRunner, "propose_batch", counted_propose)
     argv = _args(tmp_path / "s.json", "--batches", "2", "--gammas", "3", "--contexts", "8", "--slots", "consecutive")
     assert main(argv) == 0
-    per_config = 1 + 1 + 2  # warm-up, the sync count, the repeats
+    per_config = 1 + step_bench.INSPECTED + 2  # warm-up, the counted and the profiled steps, the repeats
     assert steps[1:] == [(2, [3, 3])] * per_config  # after the prefill step
     assert rounds[1:] == [(2, [3, 3])] * per_config  # after one prefill of both sessions
 
