@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
+import pytest
 
 from starsd.proto import starsd_pb2 as pb
 from starsd.proto import starsd_pb2_grpc as pb_grpc
@@ -115,3 +116,58 @@ def test_a_round_cancelled_as_its_answer_arrives_stays_cancelled() -> None:
     cancelled, requests = asyncio.run(scenario())
     assert requests == 1
     assert cancelled, "the round returned its answer to a cancelled completion"
+
+
+def test_stopping_the_client_does_not_swallow_the_callers_own_cancellation() -> None:
+    """stop() cancels the client's tasks and waits for them; when the caller is cancelled meanwhile (a shutdown
+    under a time limit), the caller's cancellation must reach it, not be taken for the tasks' own."""
+
+    async def scenario() -> tuple[bool, bool]:
+        client = DraftClient("127.0.0.1:1", "t-0", "fp", VOCAB, DraftClientOptions())  # never started
+        cleaning = asyncio.Event()
+
+        async def slow_to_stop() -> None:  # a task that cleans up for a while once cancelled
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                cleaning.set()
+                await asyncio.sleep(0.2)
+                raise
+
+        client._task = asyncio.create_task(slow_to_stop())
+        await asyncio.sleep(0)
+        stopping = asyncio.create_task(client.stop())
+        await cleaning.wait()
+        stopping.cancel()
+        try:
+            await stopping
+        except asyncio.CancelledError:
+            caller_cancelled = True
+        else:
+            caller_cancelled = False
+        await asyncio.wait({client._task})
+        return caller_cancelled, client._task.cancelled()
+
+    caller_cancelled, task_cancelled = asyncio.run(scenario())
+    assert caller_cancelled, "stop() swallowed its caller's cancellation"
+    assert task_cancelled
+
+
+def test_stopping_the_client_waits_for_its_tasks_and_logs_one_that_had_failed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario() -> bool:
+        client = DraftClient("127.0.0.1:1", "t-0", "fp", VOCAB, DraftClientOptions())
+
+        async def broken() -> None:
+            raise RuntimeError("the stream broke")
+
+        client._task = asyncio.create_task(broken())
+        lingering = asyncio.create_task(asyncio.sleep(3600))
+        client._discovering = lingering
+        await asyncio.sleep(0)
+        await client.stop()
+        return lingering.cancelled()
+
+    assert asyncio.run(scenario())
+    assert "the stream broke" in caplog.text

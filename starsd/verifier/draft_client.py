@@ -157,12 +157,16 @@ class DraftClient:
             )
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, self._discovering, *self._retiring) if t is not None]
+        """Cancel the client's tasks and wait until they have ended. Their cancellation is not raised; a
+        cancellation of the caller is (it is not mistaken for theirs), and a task that had failed is logged."""
+        tasks = {t for t in (self._task, self._discovering, *self._retiring) if t is not None}
         for task in tasks:
             task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
         for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            if not task.cancelled() and task.exception() is not None:
+                log.warning("the draft client's task %s had failed: %r", task.get_name(), task.exception())
 
     def new_session_id(self) -> int:
         return next(self._session_ids)
