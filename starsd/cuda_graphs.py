@@ -32,6 +32,7 @@ the largest bucket's activations bound the total, not their sum.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import math
@@ -66,11 +67,26 @@ def batch_bucket(batch: int, buckets: tuple[int, ...] = BATCH_BUCKETS) -> int | 
     return next((b for b in sorted(buckets) if b >= batch), None)
 
 
+def padded_length(length: int, step: int = LENGTH_STEP) -> int:
+    """The attended columns of the bucket that ``length`` columns fall in: the next multiple of ``step``."""
+    return max(step, math.ceil(length / step) * step)
+
+
 def length_bucket(length: int, capacity: int, step: int = LENGTH_STEP) -> int | None:
     """The attended columns a graph for ``length`` columns attends (a multiple of ``step``), or None when the
     pool's ``capacity`` cannot hold it (the step runs eagerly)."""
-    padded = max(step, math.ceil(length / step) * step)
+    padded = padded_length(length, step)
     return padded if padded <= capacity else None
+
+
+def reserve_bucket(pool: Any, need: int) -> None:
+    """Grow ``pool`` (a :class:`starsd.kvcache.SlotPool`) to the length bucket that ``need`` columns fall in, so
+    that a graph can attend it: a pool reserved for exactly ``need`` is smaller than its bucket, and every step
+    would run eagerly. Where the pool's bound leaves no room it stays as it is and the step runs eagerly."""
+    padded = padded_length(need)
+    if padded > pool.capacity:
+        with contextlib.suppress(MemoryError):
+            pool.reserve(padded)
 
 
 def check_tolerance(dtype: torch.dtype, scale: float) -> float:
@@ -260,8 +276,8 @@ class StepGraphs:
 class DecodeGraphs(StepGraphs):
     """The draft's captured decoding steps (width 1): :meth:`logits` gives the last position's ``[B, V]``."""
 
-    def __init__(self, model: Any, pool: Any) -> None:
-        super().__init__(model, pool, role="draft")
+    def __init__(self, model: Any, pool: Any, capture: bool = True) -> None:
+        super().__init__(model, pool, role="draft", capture=capture)
 
     def logits(self, tokens: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> Any:
         out = self.step_logits(tokens.view(-1, 1), rows, positions, positions, mask, keep=1)

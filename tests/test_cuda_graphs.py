@@ -95,6 +95,34 @@ def test_a_padded_bucketed_step_gives_the_eager_steps_logits(any_pair: tuple[Pat
     torch.testing.assert_close(bucketed, eager, rtol=1e-5, atol=1e-5)
 
 
+def test_a_draft_with_padded_bucketed_steps_proposes_what_the_eager_draft_does(any_pair: tuple[Path, Path]) -> None:
+    """What the draft's graphs replay, run eagerly on any device: the same proposals as eager decoding, and every
+    decoding pass goes through a bucket, also while the sessions are far shorter than one bucket (the pool grows
+    to the bucket; reserved just long enough for them, it would make every pass run eagerly)."""
+    eager = DraftRunner(load_checkpoint(any_pair[0]), cuda_graphs="off", ahead="off")
+    padded = DraftRunner(load_checkpoint(any_pair[0]), cuda_graphs="off", ahead="off")
+    padded._graphs = cuda_graphs.DecodeGraphs(padded.loaded.model, padded._slot_pool(), capture=False)
+    replays: list[bool] = []
+    step_logits = padded._graphs.step_logits
+
+    def counted(*args: torch.Tensor, keep: int) -> torch.Tensor | None:
+        out = step_logits(*args, keep=keep)
+        replays.append(out is not None)
+        return out
+
+    padded._graphs.step_logits = counted  # type: ignore[method-assign]
+    for batch in (1, 3):
+        prompts = [[5 + i, 6, 7 + 2 * i] for i in range(batch)]
+        a = [eager.new_state(None) for _ in prompts]
+        b = [padded.new_state(None) for _ in prompts]
+        for _ in range(3):
+            one = eager.propose_batch([DraftRequest(s, p, 4, GREEDY, 4) for s, p in zip(a, prompts, strict=True)])
+            two = padded.propose_batch([DraftRequest(s, p, 4, GREEDY, 4) for s, p in zip(b, prompts, strict=True)])
+            assert [p.token_ids for p in one] == [p.token_ids for p in two]
+            prompts = [[p.token_ids[0], 1] for p in one]
+    assert len(replays) == 2 * 3 * 3 and all(replays)  # gamma 4: three decoding passes after the first
+
+
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need a CUDA device; none is visible")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_replayed_drafting_equals_eager_drafting_on_cuda(any_pair: tuple[Path, Path], dtype: str) -> None:

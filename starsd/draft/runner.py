@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from starsd.checkpoints import LoadedModel
+from starsd.cuda_graphs import reserve_bucket
 from starsd.proposals import DraftRequest, Proposal
 from starsd.sampling import SamplingParams, draft_generator, draw_proposals
 from starsd.seeding import request_seed
@@ -310,13 +311,16 @@ class DraftRunner:
         steps = max(gammas)
         cached = [len(s.cached) for s in states]
         widths = [len(feed) for feed in feeds]
-        pool.reserve(1 + max(c + w for c, w in zip(cached, widths, strict=True)) + steps)
+        need = 1 + max(c + w for c, w in zip(cached, widths, strict=True)) + steps
+        pool.reserve(need)
+        graphs = self._graphs
+        if graphs is not None:
+            reserve_bucket(pool, need)  # else a pool that just holds the sessions is shorter than their bucket
         slots = [s.slot for s in states]
         at = pool.rows_of(slots)
         device = self.loaded.device
         generators = [s.generator for s in states]
         batch = len(states)
-        graphs = self._graphs
         inputs = kvcache.step_inputs(feeds, at, cached, widths, device, graphs is not None)
         kwargs: dict[str, Any] = {"logits_to_keep": 1} if self._logits_to_keep else {}  # the last position only
         cache = pool.step_cache(slots, cached, widths, inputs)

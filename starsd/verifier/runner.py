@@ -18,7 +18,6 @@ copies one small tensor to the host: each row's accepted count and last token. T
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import threading
@@ -29,6 +28,7 @@ from typing import Any
 import torch
 
 from starsd.checkpoints import LoadedModel
+from starsd.cuda_graphs import reserve_bucket
 from starsd.sampling import SamplingParams, dense_from_sparse, probs_batch, step_draws, verify_batch
 
 log = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ class TargetRunner:
                 self._graphs = None
                 self._place(rows, need)
             if self._graphs is not None:
-                self._reserve_bucket(need)
+                reserve_bucket(self.pool, need)
             slots = self.pool.rows_of([r.session.slot for r in rows])
             for group in width_groups([len(f) for f in feeds]):
                 group.sort(key=lambda i: slots[i])  # rows in slot order: consecutive slots are read in place
@@ -207,16 +207,6 @@ class TargetRunner:
             if row.session.slot is None:
                 row.session.slot = self.pool.take()
         self.pool.reserve(need)
-
-    def _reserve_bucket(self, need: int) -> None:
-        """Grow the pool to the length bucket that ``need`` columns fall in, so that a graph can attend it; where
-        the pool's bound leaves no room the pool stays as it is and the pass runs eagerly."""
-        from starsd.cuda_graphs import LENGTH_STEP
-
-        padded = max(LENGTH_STEP, -(-need // LENGTH_STEP) * LENGTH_STEP)
-        if padded > self.pool.capacity:
-            with contextlib.suppress(MemoryError):
-                self.pool.reserve(padded)
 
     def _forward(self, rows: list[StepRow], feeds: list[list[int]], slots: list[int], keep: int) -> torch.Tensor:
         """One forward pass over rows held in pool rows ``slots``; returns logits ``[B, keep, V]`` at each row's
