@@ -65,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
         cuda_graphs=args.cuda_graphs,
     )
     drafts = "1 draft" if args.drafts == 1 else f"{args.drafts} drafts"
-    print(f"starting {drafts} and {args.targets} targets (logs in {star.log_dir}) ...", flush=True)
+    targets = "1 target" if args.targets == 1 else f"{args.targets} targets"
+    print(f"starting {drafts} and {targets} (logs in {star.log_dir}) ...", flush=True)
     try:
         star.start()
     except StartError as exc:

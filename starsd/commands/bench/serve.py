@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
         from starsd.local import LocalStar, StartError
 
         star = LocalStar(targets=args.local_targets, target_args=list(args.target_arg))
-        print(f"starting 1 draft and {args.local_targets} targets (logs in {star.log_dir}) ...", file=sys.stderr)
+        targets = "1 target" if args.local_targets == 1 else f"{args.local_targets} targets"
+        print(f"starting 1 draft and {targets} (logs in {star.log_dir}) ...", file=sys.stderr)
         try:
             star.start()
         except StartError as exc:
