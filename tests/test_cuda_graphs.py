@@ -95,6 +95,20 @@ def test_a_padded_bucketed_step_gives_the_eager_steps_logits(any_pair: tuple[Pat
     torch.testing.assert_close(bucketed, eager, rtol=1e-5, atol=1e-5)
 
 
+def _propose_side_by_side(eager: DraftRunner, other: DraftRunner, batches: tuple[int, ...]) -> None:
+    """For each batch size, fresh sessions drafted by both runners for three greedy rounds of gamma 4 (each round
+    commits the eager draft's first proposal and one more token): the proposals must be the same."""
+    for batch in batches:
+        prompts = [[5 + i, 6, 7 + 2 * i] for i in range(batch)]
+        a = [eager.new_state(None) for _ in prompts]
+        b = [other.new_state(None) for _ in prompts]
+        for _ in range(3):
+            one = eager.propose_batch([DraftRequest(s, p, 4, GREEDY, 4) for s, p in zip(a, prompts, strict=True)])
+            two = other.propose_batch([DraftRequest(s, p, 4, GREEDY, 4) for s, p in zip(b, prompts, strict=True)])
+            assert [p.token_ids for p in one] == [p.token_ids for p in two]
+            prompts = [[p.token_ids[0], 1] for p in one]
+
+
 def test_a_draft_with_padded_bucketed_steps_proposes_what_the_eager_draft_does(any_pair: tuple[Path, Path]) -> None:
     """What the draft's graphs replay, run eagerly on any device: the same proposals as eager decoding, and every
     decoding pass goes through a bucket, also while the sessions are far shorter than one bucket (the pool grows
@@ -111,15 +125,7 @@ def test_a_draft_with_padded_bucketed_steps_proposes_what_the_eager_draft_does(a
         return out
 
     padded._graphs.step_logits = counted  # type: ignore[method-assign]
-    for batch in (1, 3):
-        prompts = [[5 + i, 6, 7 + 2 * i] for i in range(batch)]
-        a = [eager.new_state(None) for _ in prompts]
-        b = [padded.new_state(None) for _ in prompts]
-        for _ in range(3):
-            one = eager.propose_batch([DraftRequest(s, p, 4, GREEDY, 4) for s, p in zip(a, prompts, strict=True)])
-            two = padded.propose_batch([DraftRequest(s, p, 4, GREEDY, 4) for s, p in zip(b, prompts, strict=True)])
-            assert [p.token_ids for p in one] == [p.token_ids for p in two]
-            prompts = [[p.token_ids[0], 1] for p in one]
+    _propose_side_by_side(eager, padded, (1, 3))
     assert len(replays) == 2 * 3 * 3 and all(replays)  # gamma 4: three decoding passes after the first
 
 
@@ -130,15 +136,7 @@ def test_replayed_drafting_equals_eager_drafting_on_cuda(any_pair: tuple[Path, P
     tokens; bf16 the same tokens too on this pair (its logits agree within the capture check's tolerance)."""
     eager = DraftRunner(load_checkpoint(any_pair[0], "cuda", dtype), cuda_graphs="off")
     graphed = DraftRunner(load_checkpoint(any_pair[0], "cuda", dtype), cuda_graphs="on")
-    for batch in (1, 2, 3, 8):
-        prompts = [[5 + i, 6, 7 + 2 * i] for i in range(batch)]
-        a = [eager.new_state(None) for _ in prompts]
-        b = [graphed.new_state(None) for _ in prompts]
-        for _ in range(3):
-            one = eager.propose_batch([DraftRequest(s, p, 4, GREEDY, 4) for s, p in zip(a, prompts, strict=True)])
-            two = graphed.propose_batch([DraftRequest(s, p, 4, GREEDY, 4) for s, p in zip(b, prompts, strict=True)])
-            assert [p.token_ids for p in one] == [p.token_ids for p in two]
-            prompts = [[p.token_ids[0], 1] for p in one]
+    _propose_side_by_side(eager, graphed, (1, 2, 3, 8))
     assert graphed._graphs is not None and not graphed._graphs.disabled
     assert graphed.graph_captures >= len(graphed._graphs._graphs) >= 1 and eager.graph_captures == 0
 
