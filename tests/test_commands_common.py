@@ -45,6 +45,27 @@ def test_listen_flags_default_to_every_address_and_the_given_port() -> None:
     assert "gRPC port; 0 picks a free one" in " ".join(parser.format_help().split())
 
 
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["target", "--port", "99999"], "argument --port: 99999 is not a TCP port (0..65535)"),
+        (["draft", "--port", "abc"], "argument --port: 'abc' is not a port number"),
+        (["draft", "--metrics-port", "-1"], "argument --metrics-port: -1 is not a TCP port (0..65535)"),
+        (["operator", "--metrics-port", "70000"], "argument --metrics-port: 70000 is not a TCP port (0..65535)"),
+        (["operator", "--liveness-port", "0"], "argument --liveness-port: 0 is not a port probes can reach"),
+    ],
+)
+def test_a_port_out_of_range_is_refused_by_the_command_line(
+    argv: list[str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: a server took --port 99999 and died at bind() with a traceback."""
+    from starsd.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2 and error in capsys.readouterr().err
+
+
 def test_a_benchmark_run_that_fails_becomes_its_error_line(capsys: pytest.CaptureFixture[str]) -> None:
     from starsd.commands.bench.common import measure_and_publish
 

@@ -45,6 +45,17 @@ def from_flags(kind: type[Options], args: argparse.Namespace, **given: Any) -> O
     return kind(**{**flags, **given})
 
 
+def tcp_port(text: str) -> int:
+    """A TCP port number, 0..65535 (what 0 means is the flag's to say: a free port, or none)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text} is not a TCP port (0..65535)")
+    return value
+
+
 def positive_float(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -75,7 +86,7 @@ target_counts = int_list(noun="target counts", subject="target counts")  # "1,2,
 
 def add_listen_args(parser: argparse.ArgumentParser, protocol: str, port: int, note: str = "") -> None:
     """``--port`` (``protocol``'s, ``note`` added to its help) and ``--host``, the same on every server."""
-    parser.add_argument("--port", type=int, default=port, help=f"{protocol} port" + (f"; {note}" if note else ""))
+    parser.add_argument("--port", type=tcp_port, default=port, help=f"{protocol} port" + (f"; {note}" if note else ""))
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
 
 

@@ -16,6 +16,7 @@ from starsd.commands._common import (
     fail,
     from_flags,
     placement_error,
+    tcp_port,
 )
 
 log = logging.getLogger("starsd.draft")  # the `starsd draft` command's own log
@@ -26,7 +27,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_listen_args(parser, "gRPC", defaults.DRAFT_GRPC_PORT, "0 picks a free one")
     parser.add_argument(
         "--metrics-port",
-        type=int,
+        type=tcp_port,
         default=defaults.DRAFT_METRICS_PORT,
         help="HTTP port for /v1/load, /metrics, /healthz",
     )

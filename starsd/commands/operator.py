@@ -6,12 +6,13 @@ import argparse
 from urllib.parse import urlsplit
 
 from starsd import defaults
+from starsd.commands._common import tcp_port
 
 
 def _port(text: str) -> int:
-    value = int(text)
-    if not 0 < value < 65536:
-        raise argparse.ArgumentTypeError(f"{text} is not a TCP port")
+    value = tcp_port(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("0 is not a port probes can reach")
     return value
 
 
@@ -55,7 +56,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--metrics-port",
-        type=int,
+        type=tcp_port,
         default=defaults.OPERATOR_METRICS_PORT,
         help="serve the operator's Prometheus metrics on http://0.0.0.0:PORT/metrics (0: not at all)",
     )
