@@ -86,3 +86,40 @@ def test_local_makes_a_log_dir_that_does_not_exist_yet(tmp_path: Path) -> None:
     wanted = tmp_path / "logs" / "run-1"
     star = LocalStar(targets=1, log_dir=wanted)
     assert star.log_dir == wanted and wanted.is_dir()
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "error"),
+    [
+        ("--draft-timeout", "-1", "--draft-timeout must be > 0, got -1.0"),
+        ("--draft-timeout", "nan", "--draft-timeout must be > 0, got nan"),
+        ("--draft-check-timeout", "0", "--draft-check-timeout must be > 0, got 0.0"),
+        ("--draft-probe-interval", "0", "--draft-probe-interval must be > 0, got 0.0"),
+        ("--max-body-bytes", "-5", "--max-body-bytes and --top-k must be >= 1, got -5 and"),
+        ("--top-k", "0", "--max-body-bytes and --top-k must be >= 1, got"),
+    ],
+)
+def test_a_target_refuses_a_limit_that_could_only_break_it_before_loading_the_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, error: str
+) -> None:
+    """A draft timeout of -1 made every round decode alone, a body limit of -5 refused every request: each is
+    refused at start with the flag's name (before the model is read: the path given does not exist)."""
+    argv = ["target", "--model", str(tmp_path / "never-read"), "--port", "0", "--draft", "127.0.0.1:1"]
+    assert cli.main([*argv, flag, value]) == 2
+    assert error in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "error"),
+    [
+        (["--idle-timeout", "-1"], "--idle-timeout must be > 0, got -1.0"),
+        (["--tls-cert", "/no/cert.pem", "--tls-key", "/no/key.pem"], "--tls-cert /no/cert.pem: no such file (PEM)"),
+    ],
+)
+def test_a_draft_refuses_a_bad_setting_before_loading_the_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], error: str
+) -> None:
+    """Before, a missing TLS file was found only after the model had loaded, and named no flag."""
+    argv = ["draft", "--model", str(tmp_path / "never-read"), "--port", "0", "--metrics-port", "0"]
+    assert cli.main([*argv, *extra]) == 2
+    assert error in capsys.readouterr().err

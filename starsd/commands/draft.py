@@ -105,6 +105,11 @@ def run(args: argparse.Namespace) -> int:
         return fail("give exactly one of --model PATH or --emulate-service-time SECONDS")
     if bool(args.tls_cert) != bool(args.tls_key):
         return fail("--tls-cert and --tls-key go together")
+    for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
+        if path is not None and not path.is_file():
+            return fail(f"{flag} {path}: no such file (PEM)")
+    if not args.idle_timeout > 0:  # NaN too
+        return fail(f"--idle-timeout must be > 0, got {args.idle_timeout}")
     if args.max_batch is None:
         args.max_batch = defaults.DRAFT_MAX_BATCH if args.model is not None or args.batch_curve else 1
     if args.max_batch < 1 or args.max_gamma < 1 or args.max_sessions < 1:

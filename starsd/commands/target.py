@@ -153,10 +153,11 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(exc))
     if args.source is not None and args.drafts:
         return fail("give the drafts either as a --draft list or with --drafts-from, not both")
-    if args.drafts_resolve_interval <= 0:
-        return fail(f"--drafts-resolve-interval must be > 0, got {args.drafts_resolve_interval}")
-    if args.draft_probe_interval <= 0:
-        return fail(f"--draft-probe-interval must be > 0, got {args.draft_probe_interval}")
+    for flag in ("drafts_resolve_interval", "draft_probe_interval", "draft_timeout", "draft_check_timeout"):
+        if not getattr(args, flag) > 0:  # NaN too
+            return fail(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
+    if args.max_body_bytes < 1 or args.top_k < 1:
+        return fail(f"--max-body-bytes and --top-k must be >= 1, got {args.max_body_bytes} and {args.top_k}")
     if args.draft_tls_ca is not None and not args.draft_tls_ca.is_file():
         return fail(f"--draft-tls-ca {args.draft_tls_ca}: no such file (a PEM CA bundle)")
     keys = api_keys_or_error(args)
