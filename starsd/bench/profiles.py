@@ -237,6 +237,8 @@ def load_profile_json(path: str | Path) -> Profile:
         data = json.loads(Path(path).read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     try:
         return profile_from_dict(data)
     except ValueError as exc:

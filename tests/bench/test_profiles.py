@@ -121,6 +121,12 @@ def test_bad_profile_files_name_the_problem(tmp_path: Path, content: str, messag
         profiles.load_profile_json(path)
 
 
+def test_a_profile_file_that_cannot_be_read_is_named_with_the_reason(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.json"
+    with pytest.raises(ValueError, match=f"{missing}: cannot be read \\(No such file or directory\\)"):
+        profiles.load_profile_json(missing)
+
+
 def test_unknown_profile_lists_the_known_ones() -> None:
     with pytest.raises(ValueError, match=profiles.DEFAULT_PROFILE):
         profiles.get("nope")
